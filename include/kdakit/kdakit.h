@@ -1,0 +1,274 @@
+// kdakit: Kimi Delta Attention (KDA) kernels for inference.
+//
+// The one header a C++ caller includes. It declares the parameter structs of the two
+// operations (chunked prefill, token-serial decode), the Status type every entry point
+// returns, host-side validation, and the entry points of the CUDA and CPU backends.
+// It depends on nothing but the C++ standard library: no CUDA, torch or nanobind headers.
+//
+// The math (CONTRACT.md of the project, restated in docs/contract.md):
+//   per (sequence n, value head h) a state S (K x V), for each token t in order
+//     S <- diag(exp(gamma_t)) S                   decay, gamma_t <= 0 per key channel
+//     S <- S + beta_t k_t (v_t - S^T k_t)^T        delta rule on the decayed state
+//     o_t = S^T (scale * q_t)                      output reads the updated state
+//
+// All pointers are device pointers for kdakit::prefill / kdakit::decode and host pointers
+// for the kdakit::cpu:: functions. Strides are counted in elements; the last dimension of
+// every activation tensor is contiguous.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+// Same declaration as cuda_runtime_api.h, so that callers need no CUDA header to hold one.
+typedef struct CUstream_st* cudaStream_t;
+
+namespace kdakit {
+
+// ------------------------------------------------------------------------------------------
+// Status
+// ------------------------------------------------------------------------------------------
+
+enum class StatusCode : int32_t {
+  kOk = 0,
+  kInvalidArgument,  // a value is wrong (shape, range, aliasing): Python ValueError
+  kInvalidType,      // a dtype or device is wrong: Python TypeError
+  kUnsupported,      // valid per the contract, not built/implemented here: NotImplementedError
+  kCudaError,        // a CUDA call failed: RuntimeError
+  kInternal,         // a kdakit bug: RuntimeError
+};
+
+class Status {
+ public:
+  Status() = default;
+  Status(StatusCode code, std::string message) : code_(code), message_(std::move(message)) {}
+  static Status Ok() { return Status(); }
+
+  bool ok() const { return code_ == StatusCode::kOk; }
+  StatusCode code() const { return code_; }
+  const std::string& message() const { return message_; }
+
+ private:
+  StatusCode code_ = StatusCode::kOk;
+  std::string message_;
+};
+
+// ------------------------------------------------------------------------------------------
+// Enums
+// ------------------------------------------------------------------------------------------
+
+enum class DType : int32_t { kFloat32 = 0, kBFloat16, kFloat16, kInt32, kInt64 };
+
+// How gamma (natural-log decay per key channel, <= 0) is obtained from g.
+enum class GateMode : int32_t {
+  kPrecomputed = 0,  // gamma = g (caller guarantees g <= 0)
+  kSoftplus,         // gamma = -exp(A_log[h]) * softplus(g + dt_bias[h])      (Kimi-Linear)
+  kLowerBound,       // gamma = lb * sigmoid(exp(A_log[h]) * (g + dt_bias[h]))  (Kimi K3)
+                     //   with A_log null: lb * sigmoid(g + dt_bias[h])
+};
+
+enum class StateLayout : int32_t {
+  kVFirst = 0,  // each (n, h) state stored [V, K] (S^T, row-major); the serving default
+  kKFirst,      // each (n, h) state stored [K, V] (S, row-major); FLA's default
+};
+
+const char* to_string(DType dtype);
+const char* to_string(GateMode gate);
+const char* to_string(StateLayout layout);
+
+// ------------------------------------------------------------------------------------------
+// Prefill: chunked forward over fixed [B, T] or packed (cu_seqlens, B = 1) batches.
+// ------------------------------------------------------------------------------------------
+//
+// Sequences: without cu_seqlens, N = B sequences of T tokens each. With cu_seqlens, B = 1 and
+// sequence n is tokens [cu[n], cu[n+1]) of the single row; tokens past cu[N] are untouched.
+//
+// State (per sequence n, value head h: K x V, stored per state_layout):
+//   dense: initial_state / final_state are [N, HV, ...] with stride_*_state_n between
+//          sequences (usually HV*K*V).
+//   pool:  with initial_state_indices (int32 [N]) the initial state of sequence n is slot
+//          initial_state_indices[n] of initial_state (num_state_slots slots); a negative index
+//          means "start from zeros". With final_state_indices the final state goes to that
+//          slot of final_state; a negative index means "do not write". Using the same buffer
+//          and indices for both is the in-place pool update.
+//   In-place: initial_state == final_state (same pointer, same strides) is an exact in-place
+//   update; any other overlap of the two buffers is rejected.
+//
+// Chunk states (prefix caching), optional: with chunk_states non-null and
+// chunk_state_interval = C (a positive multiple of 64), for each sequence of length L the
+// states *before* tokens 0, C, 2C, ... (ceil(L / C) of them; none for an empty sequence) are
+// written, in the state dtype and layout, to consecutive entries [*, HV, ...] of chunk_states,
+// sequence after sequence (FLA's `h` of return_intermediate_states with C = 64).
+struct PrefillParams {
+  // --- sizes
+  int64_t batch = 0;            // B (1 with cu_seqlens)
+  int64_t seqlen = 0;           // T, tokens per batch row
+  int64_t num_seqs = 0;         // N: B without cu_seqlens, len(cu_seqlens) - 1 with
+  int64_t num_state_slots = 0;  // slots in initial_state / final_state when indexed; else N
+  int32_t num_qk_heads = 0;     // H
+  int32_t num_v_heads = 0;      // HV, a multiple of H (GVA)
+  int32_t head_dim_k = 0;       // K
+  int32_t head_dim_v = 0;       // V
+
+  // --- inputs
+  const void* q = nullptr;           // [B, T, H, K]
+  const void* k = nullptr;           // [B, T, H, K]
+  const void* v = nullptr;           // [B, T, HV, V]
+  const void* g = nullptr;           // [B, T, HV, K], or [B, T, HV] with scalar_gate (GDN)
+  const void* beta = nullptr;        // [B, T, HV]
+  const float* A_log = nullptr;      // [HV], nullable (required by kSoftplus)
+  const float* dt_bias = nullptr;    // [HV, K] ([HV] with scalar_gate), nullable (= zeros)
+  const void* cu_seqlens = nullptr;  // [N + 1], int32 or int64, nullable
+
+  // --- outputs and state
+  void* o = nullptr;                                // [B, T, HV, V]
+  const void* initial_state = nullptr;              // [N or num_state_slots, HV, state], nullable
+  const int32_t* initial_state_indices = nullptr;   // [N], nullable (dense initial state)
+  void* final_state = nullptr;                      // [N or num_state_slots, HV, state], nullable
+  const int32_t* final_state_indices = nullptr;     // [N], nullable (dense final state)
+  void* chunk_states = nullptr;                     // [num chunk states, HV, state], nullable
+
+  // --- strides (elements)
+  int64_t stride_q_b = 0, stride_q_t = 0, stride_q_h = 0;
+  int64_t stride_k_b = 0, stride_k_t = 0, stride_k_h = 0;
+  int64_t stride_v_b = 0, stride_v_t = 0, stride_v_h = 0;
+  int64_t stride_g_b = 0, stride_g_t = 0, stride_g_h = 0;
+  int64_t stride_beta_b = 0, stride_beta_t = 0, stride_beta_h = 0;
+  int64_t stride_o_b = 0, stride_o_t = 0, stride_o_h = 0;
+  int64_t stride_initial_state_n = 0;  // between sequences / slots; a state is HV*K*V dense
+  int64_t stride_final_state_n = 0;
+
+  // --- enums
+  DType dtype_qkv = DType::kBFloat16;    // q, k, v and o
+  DType dtype_g = DType::kBFloat16;
+  DType dtype_beta = DType::kBFloat16;
+  DType dtype_state = DType::kFloat32;   // initial_state, final_state, chunk_states
+  DType dtype_cu_seqlens = DType::kInt64;
+  GateMode gate = GateMode::kPrecomputed;
+  StateLayout state_layout = StateLayout::kVFirst;
+
+  // --- scalars
+  float scale = 0.f;             // multiplies q (after the L2 norm); callers default K^-0.5
+  float lower_bound = 0.f;       // kLowerBound only, in [-5, 0)
+  bool use_qk_l2norm = false;    // q, k <- x / sqrt(sum x^2 + 1e-6)
+  bool use_beta_sigmoid = false; // beta <- sigmoid(beta)
+  bool allow_neg_eigval = false; // beta <- 2 * sigmoid(beta); needs use_beta_sigmoid
+  bool scalar_gate = false;      // one gate per (token, head): GDN
+  int32_t chunk_state_interval = 0;  // tokens between chunk states; 0 = none
+
+  // --- plan / workspace
+  void* workspace = nullptr;  // device scratch of at least prefill_workspace_size(...) bytes
+  size_t workspace_bytes = 0;
+};
+
+// ------------------------------------------------------------------------------------------
+// Decode: token-serial recurrence over a state pool, updated in place.
+// ------------------------------------------------------------------------------------------
+//
+// Tokens: dense [B, T] (N = B sequences of T tokens) or packed (cu_seqlens, B = 1).
+// state is a pool [num_state_slots, HV, state] with stride_state_slot between slots.
+// state_indices is int32 [N, num_index_cols] with stride_state_indices_n between rows:
+//   - start slot of sequence n: state_indices[n, acc[n] - 1] with num_accepted_tokens
+//     (acc clamped to [1, num_index_cols]), state_indices[n, 0] without.
+//   - a start slot < 0 (or == 0 with null_slot_is_padding), or >= num_state_slots, makes
+//     row n a padding row: its outputs are written as zeros and no state is read or written.
+//   - num_index_cols == 1: the state after the sequence's last token is written back to the
+//     start slot (in place).
+//   - num_index_cols > 1 (speculative decoding): the state after token t is written to slot
+//     state_indices[n, t] for t < min(len(n), num_index_cols); a negative (or out-of-range)
+//     slot there is skipped.
+struct DecodeParams {
+  // --- sizes
+  int64_t batch = 0;            // B (1 with cu_seqlens)
+  int64_t seqlen = 0;           // T, tokens per batch row
+  int64_t num_seqs = 0;         // N
+  int64_t num_state_slots = 0;  // slots in the pool
+  int32_t num_index_cols = 1;   // columns of state_indices: 1, or 1 + S for spec decoding
+  int32_t num_qk_heads = 0;     // H
+  int32_t num_v_heads = 0;      // HV
+  int32_t head_dim_k = 0;       // K
+  int32_t head_dim_v = 0;       // V
+
+  // --- inputs
+  const void* q = nullptr;           // [B, T, H, K]
+  const void* k = nullptr;           // [B, T, H, K]
+  const void* v = nullptr;           // [B, T, HV, V]
+  const void* g = nullptr;           // [B, T, HV, K], or [B, T, HV] with scalar_gate
+  const void* beta = nullptr;        // [B, T, HV]
+  const float* A_log = nullptr;      // [HV], nullable
+  const float* dt_bias = nullptr;    // [HV, K] ([HV] with scalar_gate), nullable
+  const void* cu_seqlens = nullptr;  // [N + 1], nullable
+  const int32_t* state_indices = nullptr;        // [N, num_index_cols]
+  const int32_t* num_accepted_tokens = nullptr;  // [N], nullable
+
+  // --- outputs and state
+  void* o = nullptr;      // [B, T, HV, V]
+  void* state = nullptr;  // [num_state_slots, HV, state], updated in place
+
+  // --- strides (elements)
+  int64_t stride_q_b = 0, stride_q_t = 0, stride_q_h = 0;
+  int64_t stride_k_b = 0, stride_k_t = 0, stride_k_h = 0;
+  int64_t stride_v_b = 0, stride_v_t = 0, stride_v_h = 0;
+  int64_t stride_g_b = 0, stride_g_t = 0, stride_g_h = 0;
+  int64_t stride_beta_b = 0, stride_beta_t = 0, stride_beta_h = 0;
+  int64_t stride_o_b = 0, stride_o_t = 0, stride_o_h = 0;
+  int64_t stride_state_slot = 0;      // >= HV*K*V
+  int64_t stride_state_indices_n = 0; // >= num_index_cols
+
+  // --- enums
+  DType dtype_qkv = DType::kBFloat16;
+  DType dtype_g = DType::kBFloat16;
+  DType dtype_beta = DType::kBFloat16;
+  DType dtype_state = DType::kFloat32;
+  DType dtype_cu_seqlens = DType::kInt64;
+  GateMode gate = GateMode::kPrecomputed;
+  StateLayout state_layout = StateLayout::kVFirst;
+
+  // --- scalars
+  float scale = 0.f;
+  float lower_bound = 0.f;
+  bool use_qk_l2norm = false;
+  bool use_beta_sigmoid = false;
+  bool allow_neg_eigval = false;
+  bool scalar_gate = false;
+  bool null_slot_is_padding = false;  // slot 0 is a null slot: treat index 0 as padding
+};
+
+// ------------------------------------------------------------------------------------------
+// Validation (host only; reads no device memory). Every entry point calls it first.
+// ------------------------------------------------------------------------------------------
+
+Status validate(const PrefillParams& p);
+Status validate(const DecodeParams& p);
+
+// ------------------------------------------------------------------------------------------
+// CUDA backend (sm_90a). Runs on `stream`; no host synchronisation, no allocation.
+// In a build without CUDA these return kUnsupported.
+// ------------------------------------------------------------------------------------------
+
+// Bytes of device workspace prefill needs for a batch of at most `num_seqs` sequences and
+// `total_tokens` tokens with HV value heads (an upper bound: cu_seqlens is not read).
+size_t prefill_workspace_size(const PrefillParams& p);
+
+Status prefill(const PrefillParams& p, cudaStream_t stream);
+Status decode(const DecodeParams& p, cudaStream_t stream);
+
+// Whether this build carries the CUDA kernels.
+bool built_with_cuda();
+
+// ------------------------------------------------------------------------------------------
+// CPU backend: the oracle the kernels are tested against, and a chunked mirror of the GPU
+// algorithm. Host pointers; parallel over (sequence, head) on all cores.
+// ------------------------------------------------------------------------------------------
+namespace cpu {
+
+// float64 token-by-token recurrence: the specification.
+Status prefill_reference(const PrefillParams& p);
+Status decode_reference(const DecodeParams& p);
+
+// fp32 chunked algorithm (chunk 64, base-2 gate cumsum, WY form, chunk-to-chunk state
+// passing): what the GPU prefill computes, in plain C++.
+Status prefill_chunked(const PrefillParams& p);
+
+}  // namespace cpu
+}  // namespace kdakit
