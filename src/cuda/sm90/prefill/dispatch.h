@@ -1,0 +1,17 @@
+// Host-side entry of the sm_90a prefill kernels: a plain C++ header (no CUDA includes) that
+// the API layer (src/api/prefill.cpp) calls after kdakit::validate() has passed.
+#pragma once
+
+#include "kdakit/kdakit.h"
+
+namespace kdakit::sm90 {
+
+// Device workspace bytes run_prefill needs for these sizes (reads no device memory).
+size_t prefill_workspace_size(const PrefillParams& p);
+
+// Chooses the kernel (chunked, or the token-serial path for short sequences), turns runtime
+// values into template arguments, and launches on `stream`. Returns kUnsupported naming the
+// supported values for a shape or dtype no kernel is built for.
+Status run_prefill(const PrefillParams& p, cudaStream_t stream);
+
+}  // namespace kdakit::sm90
