@@ -1,0 +1,88 @@
+// The prefill workspace: what the preparation kernel (token-parallel, one CTA per chunk and
+// value head) hands to the recurrence kernel (chunk-serial, one CTA per sequence, value head
+// and value slice). Host and device code both include this header; it has no CUDA includes.
+//
+// Chunked form (chunk C = kChunk tokens, rows r, s in [0, C'), C' <= C the chunk's length;
+// b2_r = log2(e) * (gamma_0 + ... + gamma_r) per key channel, the base-2 running gate sum):
+//   Qt[r, i] = scale * exp2(b2_r[i]) * qn_r[i]               (qn: q after the optional L2 norm)
+//   Kh[r, i] = exp2(b2_{C'-1}[i] - b2_r[i]) * kn_r[i]
+//   L[r, s]  = sum_i kn_r[i] kn_s[i] exp2(b2_r[i] - b2_s[i])       s < r
+//   M[r, s]  = sum_i scale qn_r[i] kn_s[i] exp2(b2_r[i] - b2_s[i]) s <= r, else 0
+//   T        = (I + diag(beta) L)^-1
+//   W        = T diag(beta) Kt,   Kt[r, i] = exp2(b2_r[i]) kn_r[i]
+//   U0       = T diag(beta) V
+//   decay[i] = exp2(b2_{C'-1}[i])
+// and the recurrence kernel, per chunk, with S0 the state entering the chunk (K x V):
+//   U = U0 - W S0,   O = Qt S0 + M U,   S = diag(decay) S0 + Kh^T U.
+// Rows r >= C' of every per-token array, and M's columns s >= C', are written as zeros, so the
+// recurrence kernel may always run full 64-row products.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace kdakit::sm90::prefill {
+
+inline constexpr int kChunk = 64;     // tokens per chunk
+inline constexpr int kHeadDim = 128;  // K = V = 128 is the built shape
+
+// One block per (chunk c, value head h), at
+//   chunk_blocks + (size_t(c) * HV + h) * kChunkBlockBytes
+// with c the global chunk index (sequence n's chunks are [chunk_offsets[n], chunk_offsets[n+1])).
+// All arrays row-major, row = token r of the chunk.
+struct ChunkBlockLayout {
+  static constexpr size_t kQtOffset = 0;                                    // bf16 [64][128]
+  static constexpr size_t kWOffset = kQtOffset + kChunk * kHeadDim * 2;      // bf16 [64][128]
+  static constexpr size_t kKhOffset = kWOffset + kChunk * kHeadDim * 2;      // bf16 [64][128]
+  static constexpr size_t kMOffset = kKhOffset + kChunk * kHeadDim * 2;      // bf16 [64][64]
+  static constexpr size_t kU0Offset = kMOffset + kChunk * kChunk * 2;        // fp32 [64][128]
+  static constexpr size_t kDecayOffset = kU0Offset + kChunk * kHeadDim * 4;  // fp32 [128]
+  static constexpr size_t kBytes = kDecayOffset + kHeadDim * 4;
+};
+inline constexpr size_t kChunkBlockBytes = ChunkBlockLayout::kBytes;  // 90624 = 708 * 128
+static_assert(kChunkBlockBytes % 128 == 0, "chunk blocks must stay 128-byte aligned for TMA");
+
+// The plan region at the start of the workspace (written by the plan kernel, read by both):
+//   int32 chunk_offsets[N + 1]        first global chunk of each sequence; [N] = total chunks
+//   int32 chunk_seq[max_chunks]       sequence of each global chunk (-1 past the total)
+//   int64 seq_start[N]                first token (row offset within batch row / packed row)
+//   int32 seq_len[N]                  tokens of each sequence (0 for an empty one)
+// followed, 128-byte aligned, by the chunk blocks.
+// max_chunks bounds the total for any cu_seqlens of this T and N without reading it:
+//   fixed batch: B * ceil(T / 64);  packed: ceil(T / 64) + N.
+struct WorkspacePlan {
+  int64_t num_seqs;
+  int64_t max_chunks;
+  int32_t num_v_heads;
+  size_t chunk_offsets_offset;
+  size_t chunk_seq_offset;
+  size_t seq_start_offset;
+  size_t seq_len_offset;
+  size_t chunk_blocks_offset;
+  size_t total_bytes;
+};
+
+inline constexpr size_t align_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
+
+inline WorkspacePlan make_workspace_plan(int64_t batch, int64_t seqlen, int64_t num_seqs,
+                                         bool packed, int32_t num_v_heads) {
+  WorkspacePlan w{};
+  w.num_seqs = num_seqs;
+  const int64_t chunks_per_row = (seqlen + kChunk - 1) / kChunk;
+  w.max_chunks = packed ? chunks_per_row + num_seqs : batch * chunks_per_row;
+  w.num_v_heads = num_v_heads;
+  size_t off = 0;
+  w.chunk_offsets_offset = off;
+  off = align_up(off + sizeof(int32_t) * size_t(num_seqs + 1), 16);
+  w.chunk_seq_offset = off;
+  off = align_up(off + sizeof(int32_t) * size_t(w.max_chunks), 16);
+  w.seq_start_offset = off;
+  off = align_up(off + sizeof(int64_t) * size_t(num_seqs), 16);
+  w.seq_len_offset = off;
+  off = align_up(off + sizeof(int32_t) * size_t(num_seqs), 128);
+  w.chunk_blocks_offset = off;
+  w.total_bytes = off + size_t(w.max_chunks) * size_t(num_v_heads) * kChunkBlockBytes;
+  return w;
+}
+
+}  // namespace kdakit::sm90::prefill
