@@ -99,12 +99,16 @@ const char* to_string(StateLayout layout);
 // states *before* tokens 0, C, 2C, ... (ceil(L / C) of them; none for an empty sequence) are
 // written, in the state dtype and layout, to consecutive entries [*, HV, ...] of chunk_states,
 // sequence after sequence (FLA's `h` of return_intermediate_states with C = 64).
+// num_chunk_states is the buffer's capacity in entries: a fixed batch needs B * ceil(T / C);
+// for a packed batch (whose count depends on cu_seqlens) entries past the capacity are not
+// written.
 struct PrefillParams {
   // --- sizes
   int64_t batch = 0;            // B (1 with cu_seqlens)
   int64_t seqlen = 0;           // T, tokens per batch row
   int64_t num_seqs = 0;         // N: B without cu_seqlens, len(cu_seqlens) - 1 with
   int64_t num_state_slots = 0;  // slots in initial_state / final_state when indexed; else N
+  int64_t num_chunk_states = 0; // entries [HV, state] that chunk_states holds (its capacity)
   int32_t num_qk_heads = 0;     // H
   int32_t num_v_heads = 0;      // HV, a multiple of H (GVA)
   int32_t head_dim_k = 0;       // K
