@@ -1,0 +1,139 @@
+// Checks of host copies of device-resident metadata (see metadata_checks.h).
+#include "api/metadata_checks.h"
+
+#include <algorithm>
+#include <unordered_map>
+
+#include "api/check.h"
+
+namespace kdakit::detail {
+namespace {
+
+Status check_cu_seqlens(const std::vector<int64_t>& cu, int64_t num_seqs, int64_t seqlen) {
+  KDAKIT_CHECK(cu.size() == static_cast<size_t>(num_seqs + 1), kInternal,
+               "cu_seqlens: host copy holds ", cu.size(), " offsets, expected N + 1 = ",
+               num_seqs + 1);
+  KDAKIT_CHECK(cu[0] == 0, kInvalidArgument, "cu_seqlens: expected cu_seqlens[0] = 0, got ",
+               cu[0]);
+  for (size_t i = 1; i < cu.size(); ++i) {
+    KDAKIT_CHECK(cu[i] >= cu[i - 1], kInvalidArgument,
+                 "cu_seqlens: expected non-decreasing offsets, got cu_seqlens[", i, "] = ",
+                 cu[i], " < cu_seqlens[", i - 1, "] = ", cu[i - 1]);
+  }
+  KDAKIT_CHECK(cu.back() <= seqlen, kInvalidArgument, "cu_seqlens: expected cu_seqlens[",
+               cu.size() - 1, "] <= T = ", seqlen, " tokens, got ", cu.back());
+  return Status::Ok();
+}
+
+// Tokens of sequence n: from cu_seqlens when packed, else T.
+int64_t seq_len(const std::vector<int64_t>& cu, int64_t seqlen, int64_t n) {
+  return cu.empty() ? seqlen : cu[n + 1] - cu[n];
+}
+
+// Records that `slot` is written by sequence n; two sequences writing one slot race.
+Status claim_write(const char* name, int32_t slot, int64_t n,
+                   std::unordered_map<int32_t, int64_t>& writer) {
+  const auto [it, inserted] = writer.emplace(slot, n);
+  KDAKIT_CHECK(inserted || it->second == n, kInvalidArgument, name, ": slot ", slot,
+               " is written by sequences ", it->second, " and ", n,
+               "; expected each written slot to belong to one sequence");
+  return Status::Ok();
+}
+
+}  // namespace
+
+Status check_metadata(const PrefillParams& p, const PrefillMetadata& m) {
+  const int64_t N = p.num_seqs;
+  if (p.cu_seqlens != nullptr) KDAKIT_RETURN_IF_ERROR(check_cu_seqlens(m.cu_seqlens, N, p.seqlen));
+  const std::vector<int32_t>& init = m.initial_state_indices;
+  const std::vector<int32_t>& fin = m.final_state_indices;
+  for (size_t n = 0; n < init.size(); ++n) {
+    KDAKIT_CHECK(init[n] < p.num_state_slots, kInvalidArgument,
+                 "initial_state_indices: expected a slot < num_state_slots = ",
+                 p.num_state_slots, " (or < 0 for a zero initial state), got "
+                 "initial_state_indices[", n, "] = ", init[n]);
+  }
+  std::unordered_map<int32_t, int64_t> writer;
+  for (size_t n = 0; n < fin.size(); ++n) {
+    KDAKIT_CHECK(fin[n] < p.num_state_slots, kInvalidArgument,
+                 "final_state_indices: expected a slot < num_state_slots = ", p.num_state_slots,
+                 " (or < 0 to skip the write), got final_state_indices[", n, "] = ", fin[n]);
+    if (fin[n] >= 0) {
+      KDAKIT_RETURN_IF_ERROR(
+          claim_write("final_state_indices", fin[n], static_cast<int64_t>(n), writer));
+    }
+  }
+  // NOTE: validate() only lets one pool be both read and written with the same indices, so
+  // a read of another sequence's written slot can only come from duplicate indices; this
+  // also covers callers that hold the metadata before deciding how to alias.
+  if (p.initial_state == p.final_state && !init.empty() && !fin.empty()) {
+    for (size_t n = 0; n < init.size(); ++n) {
+      const auto it = writer.find(init[n]);
+      KDAKIT_CHECK(init[n] < 0 || it == writer.end() || it->second == static_cast<int64_t>(n),
+                   kInvalidArgument, "initial_state_indices: slot ", init[n],
+                   " is read by sequence ", n, " and written by sequence ",
+                   it == writer.end() ? -1 : it->second, " of the same pool");
+    }
+  }
+  if (p.chunk_states != nullptr && p.chunk_state_interval > 0) {
+    int64_t needed = 0;
+    for (int64_t n = 0; n < N; ++n) {
+      needed += (seq_len(m.cu_seqlens, p.seqlen, n) + p.chunk_state_interval - 1) /
+                p.chunk_state_interval;
+    }
+    KDAKIT_CHECK(needed <= p.num_chunk_states, kInvalidArgument, "chunk_states: expected room for the ",
+                 needed, " chunk states of these sequences, got num_chunk_states = ",
+                 p.num_chunk_states);
+  }
+  return Status::Ok();
+}
+
+Status check_metadata(const DecodeParams& p, const DecodeMetadata& m) {
+  const int64_t N = p.num_seqs;
+  const int64_t cols = p.num_index_cols;
+  if (p.cu_seqlens != nullptr) KDAKIT_RETURN_IF_ERROR(check_cu_seqlens(m.cu_seqlens, N, p.seqlen));
+  const size_t idx_count =
+      N == 0 ? 0 : static_cast<size_t>((N - 1) * p.stride_state_indices_n + cols);
+  KDAKIT_CHECK(m.state_indices.size() >= idx_count, kInternal, "state_indices: host copy holds ",
+               m.state_indices.size(), " entries, expected ", idx_count);
+  const auto is_padding = [&](int32_t s) { return s < 0 || (s == 0 && p.null_slot_is_padding); };
+  std::unordered_map<int32_t, int64_t> writer;
+  std::vector<int32_t> start(static_cast<size_t>(N), -1);  // start slot per row, -1: padding
+  for (int64_t n = 0; n < N; ++n) {
+    int64_t start_col = 0;
+    if (!m.num_accepted_tokens.empty()) {
+      const int32_t acc = m.num_accepted_tokens[n];
+      KDAKIT_CHECK(acc >= 1 && acc <= cols, kInvalidArgument,
+                   "num_accepted_tokens: expected a value in [1, ", cols,
+                   "] (the columns of state_indices), got num_accepted_tokens[", n, "] = ", acc);
+      start_col = acc - 1;
+    }
+    const int32_t* row = m.state_indices.data() + n * p.stride_state_indices_n;
+    for (int64_t t = 0; t < cols; ++t) {
+      KDAKIT_CHECK(row[t] < p.num_state_slots, kInvalidArgument,
+                   "state_indices: expected a slot < num_state_slots = ", p.num_state_slots,
+                   " (or < 0 for padding), got state_indices[", n, ", ", t, "] = ", row[t]);
+    }
+    if (is_padding(row[start_col])) continue;
+    start[n] = row[start_col];
+    if (cols == 1) {
+      KDAKIT_RETURN_IF_ERROR(claim_write("state_indices", row[0], n, writer));
+      continue;
+    }
+    const int64_t written = std::min<int64_t>(seq_len(m.cu_seqlens, p.seqlen, n), cols);
+    for (int64_t t = 0; t < written; ++t) {
+      if (!is_padding(row[t])) KDAKIT_RETURN_IF_ERROR(claim_write("state_indices", row[t], n, writer));
+    }
+  }
+  // A row's start slot must not be written by another row: rows run concurrently.
+  for (int64_t n = 0; n < N; ++n) {
+    if (start[n] < 0) continue;
+    const auto it = writer.find(start[n]);
+    KDAKIT_CHECK(it == writer.end() || it->second == n, kInvalidArgument, "state_indices: slot ",
+                 start[n], " is the start state of sequence ", n, " and written by sequence ",
+                 it == writer.end() ? -1 : it->second);
+  }
+  return Status::Ok();
+}
+
+}  // namespace kdakit::detail

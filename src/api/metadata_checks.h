@@ -1,0 +1,37 @@
+// Checks of the metadata a call keeps in device memory (cu_seqlens, slot indices,
+// num_accepted_tokens), run on host copies of it. The CUDA entry points use them in debug mode
+// (KDAKIT_DEBUG_CHECKS=1, see debug_checks.h), which copies the metadata with a sync; any
+// caller that holds the metadata on the host (the CPU backend, tests) can call them directly.
+// The kernels themselves never rely on these: out-of-range values are clamped or skipped there.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "kdakit/kdakit.h"
+
+namespace kdakit::detail {
+
+// Host copies of a prefill call's metadata; an empty vector means "not given".
+struct PrefillMetadata {
+  std::vector<int64_t> cu_seqlens;             // [N + 1], widened to int64
+  std::vector<int32_t> initial_state_indices;  // [N]
+  std::vector<int32_t> final_state_indices;    // [N]
+};
+
+// Host copies of a decode call's metadata.
+struct DecodeMetadata {
+  std::vector<int64_t> cu_seqlens;           // [N + 1], widened to int64
+  std::vector<int32_t> state_indices;        // (N - 1) * stride_state_indices_n + num_index_cols
+  std::vector<int32_t> num_accepted_tokens;  // [N]
+};
+
+// Both require validate(p) to have passed. They check: cu_seqlens[0] = 0, non-decreasing,
+// cu_seqlens[N] <= T; every slot index < num_state_slots (negative: zero state / skipped
+// write / padding row); no slot written by two sequences, and in a shared pool no slot one
+// sequence writes that another starts from; prefill chunk states fit num_chunk_states;
+// num_accepted_tokens in [1, num_index_cols]. The first bad element is named.
+Status check_metadata(const PrefillParams& p, const PrefillMetadata& m);
+Status check_metadata(const DecodeParams& p, const DecodeMetadata& m);
+
+}  // namespace kdakit::detail
