@@ -11,28 +11,6 @@ namespace kdakit::bindings {
 
 namespace {
 
-// Number of chunk states a fixed or packed batch produces: ceil(L / C) per sequence.
-// Returns -1 when it cannot be known on the host (cu_seqlens in device memory).
-int64_t expected_chunk_states(const PrefillParams& p, const OptIn& cu_seqlens, bool on_cuda) {
-  const int64_t c = p.chunk_state_interval;
-  if (c <= 0) return -1;
-  if (!cu_seqlens) return p.batch * ((p.seqlen + c - 1) / c);
-  if (on_cuda) return -1;
-  int64_t count = 0;
-  for (int64_t n = 0; n < p.num_seqs; ++n) {
-    int64_t begin, end;
-    if (p.dtype_cu_seqlens == DType::kInt32) {
-      begin = static_cast<const int32_t*>(p.cu_seqlens)[n];
-      end = static_cast<const int32_t*>(p.cu_seqlens)[n + 1];
-    } else {
-      begin = static_cast<const int64_t*>(p.cu_seqlens)[n];
-      end = static_cast<const int64_t*>(p.cu_seqlens)[n + 1];
-    }
-    if (end > begin) count += (end - begin + c - 1) / c;
-  }
-  return count;
-}
-
 // Checks one state argument ([slots, HV, K, V] or [slots, HV, V, K], each state contiguous)
 // and returns its dtype.
 DType check_state(const ArrayView& s, int64_t slots, const PrefillParams& p, const char* dims) {
@@ -230,12 +208,7 @@ auto prefill_entry(InArray q_in, InArray k_in, InArray v_in, InArray g_in, InArr
     agree_state_dtype("chunk_states", expect_dtype(s, {DType::kFloat32, DType::kBFloat16}));
     int64_t entries = 1;
     for (size_t i = 0; i < lead; ++i) entries *= s.size(i);
-    const int64_t needed = expected_chunk_states(p, cu_seqlens_in, where.is_cuda());
-    if (needed >= 0 && entries < needed) {
-      raise_value_error("chunk_states: " + std::to_string(needed) +
-                        " states are written (ceil(L / chunk_state_interval) per sequence), "
-                        "the array holds " + std::to_string(entries));
-    }
+    p.num_chunk_states = entries;
     p.chunk_states = s.data;
   }
   if (state_dtype) p.dtype_state = *state_dtype;

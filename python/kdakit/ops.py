@@ -1,0 +1,347 @@
+r"""kdakit's native entry points: ``prefill`` (chunked) and ``decode`` (token-serial over a state
+pool), exposing every field of the C++ params structs (include/kdakit/kdakit.h) explicitly.
+
+The recurrence (per sequence n and value head h, state S of K x V, tokens t in order)::
+
+    S   <- diag(exp(gamma_t)) S                    decay, gamma_t <= 0 per key channel
+    S   <- S + beta_t k_t (v_t - S^T k_t)^T         delta rule on the decayed state
+    o_t  = S^T (scale * q_t)                        the output reads the updated state
+
+Preprocessing, all in fp32, each behind a flag:
+
+* ``use_qk_l2norm``: ``q, k <- x / sqrt(sum(x * x) + 1e-6)`` over the head dim, before ``scale``.
+* ``use_beta_sigmoid``: ``beta <- sigmoid(beta)``; with ``allow_neg_eigval``: ``2 * sigmoid(beta)``.
+* ``gate`` (gamma from g; A_log ``[HV]`` fp32, dt_bias ``[HV, K]`` or ``[HV * K]`` fp32, zeros if None):
+
+  - ``"precomputed"``: ``gamma = g`` (the caller guarantees ``g <= 0``).
+  - ``"softplus"`` (Kimi-Linear): ``gamma = -exp(A_log[h]) * softplus(g + dt_bias[h])``;
+    softplus(x) = x for x > 20. ``A_log`` is required.
+  - ``"lower_bound"`` (Kimi K3, FlashKDA): ``gamma = lower_bound * sigmoid(exp(A_log[h]) *
+    (g + dt_bias[h]))``, or ``lower_bound * sigmoid(g + dt_bias[h])`` without ``A_log``;
+    ``-5 <= lower_bound < 0``.
+
+* GVA: ``HV`` value heads, ``H`` q/k heads, ``HV % H == 0``; value head h reads q/k head
+  ``h // (HV // H)``.
+
+Shapes and dtypes:
+
+========================= ============================== ==========================================
+argument                  shape                          dtype
+========================= ============================== ==========================================
+q, k                      ``[B, T, H, K]``               bfloat16, float16, float32 (numpy: no bf16)
+v                         ``[B, T, HV, V]``              as q
+g                         ``[B, T, HV, K]`` (scalar_gate: ``[B, T, HV]``)  bfloat16, float16, float32
+beta                      ``[B, T, HV]``                 bfloat16, float16, float32
+o (returned / ``out``)    ``[B, T, HV, V]``              as v
+state                     ``[N, HV, V, K]`` (``state_layout="v_first"``, the serving layout)
+                          or ``[N, HV, K, V]`` (``"k_first"``, FLA's default)  float32 or bfloat16
+cu_seqlens                ``[N + 1]``                    int32 or int64
+slot indices              ``[N]`` (decode: ``[N]`` or ``[N, 1 + S]``)  int32
+========================= ============================== ==========================================
+
+Strides are free except that the last dim of q, k, v, g, o is contiguous and each state
+``[HV, ...]`` is dense; q/k/v may be views into a fused projection buffer.
+
+Where it runs: torch CUDA tensors run the sm_90a kernels on the current torch stream (or
+``stream``); numpy arrays and torch CPU tensors run the CPU backend (prefill: fp32 chunked
+algorithm by default, float64 reference with ``backend="reference"``; decode: float64
+reference). An unsupported case raises NotImplementedError; nothing falls back silently.
+Bad arguments raise ValueError (values, shapes) or TypeError (dtypes, devices, array types)
+naming the argument. Tensors that require gradients are rejected: inference only.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+from . import _arrays
+from ._ext import ext
+
+__all__ = ["PrefillOutput", "prefill", "prefill_workspace_size", "decode"]
+
+_GATES = ("precomputed", "softplus", "lower_bound")
+_LAYOUTS = ("v_first", "k_first")
+
+
+class PrefillOutput(NamedTuple):
+    """What ``prefill`` returns: unpacks as ``o, final_state, chunk_states``."""
+
+    o: Any
+    final_state: Any
+    chunk_states: Any
+
+
+def _check_rank(name: str, x: Any, ranks: tuple[int, ...], dims: str) -> None:
+    if x is not None and x.ndim not in ranks:
+        raise ValueError(f"{name}: expected shape {dims}, got {tuple(x.shape)}")
+
+
+def _stream_handle(kind: _arrays.ArrayKind, stream: Any) -> int:
+    if stream is None:
+        return _arrays.current_stream(kind)
+    if not kind.is_cuda:
+        raise ValueError("stream: only meaningful for CUDA tensors; the arrays are on the CPU")
+    handle = getattr(stream, "cuda_stream", stream)
+    if not isinstance(handle, int):
+        raise TypeError(
+            f"stream: expected a torch.cuda.Stream or a cudaStream_t as int, got {type(stream).__name__}"
+        )
+    return handle
+
+
+def _gate_args(gate: str, A_log: Any, dt_bias: Any, lower_bound: float | None) -> float:
+    """Checks the gate choice and returns the lower bound to pass to C++ (0 when unused)."""
+    if gate not in _GATES:
+        raise ValueError(f"gate: expected one of {', '.join(map(repr, _GATES))}, got {gate!r}")
+    if gate == "lower_bound":
+        if lower_bound is None:
+            raise ValueError("lower_bound: required by gate='lower_bound' (a value in [-5, 0))")
+        return float(lower_bound)
+    if lower_bound is not None:
+        raise ValueError(
+            f"lower_bound: given ({lower_bound}) with gate={gate!r}; a lower bound is only "
+            "read by gate='lower_bound'"
+        )
+    return 0.0
+
+
+def _state_shape(N: int, HV: int, K: int, V: int, state_layout: str) -> tuple[int, ...]:
+    if state_layout not in _LAYOUTS:
+        raise ValueError(
+            f"state_layout: expected 'v_first' or 'k_first', got {state_layout!r}"
+        )
+    return (N, HV, V, K) if state_layout == "v_first" else (N, HV, K, V)
+
+
+def _num_seqs(q: Any, cu_seqlens: Any) -> int:
+    return q.shape[0] if cu_seqlens is None else cu_seqlens.shape[0] - 1
+
+
+def num_chunk_states(B: int, T: int, interval: int, offsets: list[int] | None) -> int:
+    """How many chunk states a prefill writes: ceil(L / interval) per sequence of length L
+    (fixed batch: B sequences of T tokens; packed: lengths from the host ``offsets``)."""
+    if offsets is None:
+        return B * (-(-T // interval))
+    return sum(-(-max(0, e - b) // interval) for b, e in zip(offsets[:-1], offsets[1:]))
+
+
+def _prefill_call(
+    q, k, v, g, beta, *, gate, A_log, dt_bias, lower_bound, scale, use_qk_l2norm,
+    use_beta_sigmoid, allow_neg_eigval, scalar_gate, cu_seqlens, cu_seqlens_cpu, initial_state,
+    initial_state_indices, final_state, final_state_indices, output_final_state, state_layout,
+    state_dtype, chunk_state_interval, chunk_states, out, backend,
+):
+    """Normalises the arguments of prefill / prefill_workspace_size: returns the ArrayKind and
+    the keyword arguments of the C++ entry point (outputs allocated)."""
+    kind = _arrays.classify({
+        "q": q, "k": k, "v": v, "g": g, "beta": beta, "A_log": A_log, "dt_bias": dt_bias,
+        "cu_seqlens": cu_seqlens, "initial_state": initial_state,
+        "initial_state_indices": initial_state_indices, "final_state": final_state,
+        "final_state_indices": final_state_indices, "chunk_states": chunk_states, "out": out,
+    })
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        _check_rank(name, x, (4,), "[B, T, heads, head_dim]")
+    _check_rank("g", g, (3,) if scalar_gate else (4,), "[B, T, HV]" if scalar_gate else "[B, T, HV, K]")
+    _check_rank("beta", beta, (3,), "[B, T, HV]")
+    _check_rank("cu_seqlens", cu_seqlens, (1,), "[N + 1]")
+    lb = _gate_args(gate, A_log, dt_bias, lower_bound)
+    B, T, _, K = q.shape
+    HV, V = v.shape[2], v.shape[3]
+    N = _num_seqs(q, cu_seqlens)
+    if scale is None:
+        scale = K ** -0.5
+
+    if out is None:
+        out = _arrays.empty(kind, (B, T, HV, V), _arrays.dtype_name(v))
+    if state_dtype is None:
+        state_dtype = _arrays.dtype_name(initial_state) if initial_state is not None else "float32"
+    if final_state is None and output_final_state:
+        if final_state_indices is not None:
+            raise ValueError("final_state_indices: given without final_state (the pool to write)")
+        final_state = _arrays.empty(kind, _state_shape(N, HV, K, V, state_layout), state_dtype)
+    if chunk_state_interval and chunk_states is None:
+        offsets = None
+        if cu_seqlens is not None:
+            offsets = _arrays.to_host_list(cu_seqlens_cpu if cu_seqlens_cpu is not None else cu_seqlens)
+        count = num_chunk_states(B, T, chunk_state_interval, offsets)
+        shape = _state_shape(count, HV, K, V, state_layout)
+        chunk_states = _arrays.empty(kind, shape, state_dtype)
+
+    args = dict(
+        A_log=A_log, dt_bias=dt_bias, cu_seqlens=cu_seqlens, initial_state=initial_state,
+        initial_state_indices=initial_state_indices, final_state=final_state,
+        final_state_indices=final_state_indices, chunk_states=chunk_states,
+        chunk_state_interval=int(chunk_state_interval), gate=gate, state_layout=state_layout,
+        scale=float(scale), lower_bound=lb, use_qk_l2norm=bool(use_qk_l2norm),
+        use_beta_sigmoid=bool(use_beta_sigmoid), allow_neg_eigval=bool(allow_neg_eigval),
+        scalar_gate=bool(scalar_gate), backend=backend,
+    )
+    return kind, (q, k, v, g, beta, out), args
+
+
+def prefill(
+    q, k, v, g, beta, *,
+    gate: str = "precomputed",
+    A_log=None,
+    dt_bias=None,
+    lower_bound: float | None = None,
+    scale: float | None = None,
+    use_qk_l2norm: bool = False,
+    use_beta_sigmoid: bool = False,
+    allow_neg_eigval: bool = False,
+    scalar_gate: bool = False,
+    cu_seqlens=None,
+    cu_seqlens_cpu=None,
+    initial_state=None,
+    initial_state_indices=None,
+    final_state=None,
+    final_state_indices=None,
+    output_final_state: bool = False,
+    state_layout: str = "v_first",
+    state_dtype: str | None = None,
+    chunk_state_interval: int = 0,
+    chunk_states=None,
+    workspace=None,
+    out=None,
+    backend: str = "auto",
+    stream=None,
+) -> PrefillOutput:
+    r"""Chunked KDA forward over a fixed ``[B, T]`` or packed (``cu_seqlens``, ``B = 1``) batch.
+
+    See the module docstring for the formula, shapes and dtypes. Arguments beyond those:
+
+    * ``gate``: ``"precomputed"``, ``"softplus"`` or ``"lower_bound"`` (named, never guessed).
+    * ``scale``: multiplies q after the L2 norm; default ``K ** -0.5``.
+    * ``cu_seqlens``: ``[N + 1]`` offsets; sequence n is tokens ``[cu[n], cu[n+1])``; a
+      repeated offset is an empty sequence (its state passes through). ``cu_seqlens_cpu``: the
+      same offsets on the host, used only to size ``chunk_states`` without a device read.
+    * ``initial_state``: dense ``[N, HV, ...]``, or a pool ``[num_slots, HV, ...]`` with
+      ``initial_state_indices`` (int32 ``[N]``; a negative slot starts from zeros). None: zeros.
+    * ``final_state``: where the final states go (dense ``[N, HV, ...]``, or a pool with
+      ``final_state_indices``; a negative slot is not written). Passing the same array and
+      indices as the initial state updates the pool in place. With ``output_final_state=True``
+      and no ``final_state``, a dense one is allocated in ``state_dtype`` (default: the
+      initial state's dtype, else float32).
+    * ``chunk_state_interval`` C (a positive multiple of 64): also write the states before
+      tokens 0, C, 2C, ... of every sequence (``ceil(L / C)`` each, sequence after sequence) to
+      ``chunk_states`` ``[count, HV, ...]`` (allocated when None; for CUDA ``cu_seqlens``
+      without ``cu_seqlens_cpu`` that reads the offsets back, a synchronisation).
+    * ``workspace``: CUDA scratch of ``prefill_workspace_size(...)`` bytes (any dtype, dense).
+      Allocated per call when None; pass one to keep allocation off the run path.
+    * ``out``: preallocated ``o``. ``backend``: ``"auto"``; on the CPU ``"chunked"`` (fp32, the
+      GPU algorithm) or ``"reference"`` (float64 token by token). ``stream``: a
+      ``torch.cuda.Stream`` or ``cudaStream_t`` int; default the current torch stream.
+
+    Returns ``PrefillOutput(o, final_state, chunk_states)`` (None for what was not asked).
+    """
+    kind, arrays, args = _prefill_call(
+        q, k, v, g, beta, gate=gate, A_log=A_log, dt_bias=dt_bias, lower_bound=lower_bound,
+        scale=scale, use_qk_l2norm=use_qk_l2norm, use_beta_sigmoid=use_beta_sigmoid,
+        allow_neg_eigval=allow_neg_eigval, scalar_gate=scalar_gate, cu_seqlens=cu_seqlens,
+        cu_seqlens_cpu=cu_seqlens_cpu, initial_state=initial_state,
+        initial_state_indices=initial_state_indices, final_state=final_state,
+        final_state_indices=final_state_indices, output_final_state=output_final_state,
+        state_layout=state_layout, state_dtype=state_dtype,
+        chunk_state_interval=chunk_state_interval, chunk_states=chunk_states, out=out,
+        backend=backend,
+    )
+    handle = _stream_handle(kind, stream)
+    with _arrays.device_guard(kind):
+        if kind.is_cuda and workspace is None:
+            nbytes = ext().prefill_workspace_size(*arrays, **args)
+            workspace = _arrays.empty(kind, (max(int(nbytes), 1),), "uint8")
+        if workspace is not None:
+            _arrays.classify({"q": q, "workspace": workspace})
+        ext().prefill(*arrays, **args, workspace=workspace, stream=handle)
+    return PrefillOutput(arrays[5], args["final_state"], args["chunk_states"])
+
+
+def prefill_workspace_size(q, k, v, g, beta, **kwargs) -> int:
+    """Bytes of CUDA workspace ``prefill`` needs for these arguments (same keywords as
+    ``prefill``; outputs not given are sized but not kept). 0 on the CPU."""
+    kwargs.pop("workspace", None)
+    kwargs.pop("stream", None)
+    defaults = dict(
+        gate="precomputed", A_log=None, dt_bias=None, lower_bound=None, scale=None,
+        use_qk_l2norm=False, use_beta_sigmoid=False, allow_neg_eigval=False, scalar_gate=False,
+        cu_seqlens=None, cu_seqlens_cpu=None, initial_state=None, initial_state_indices=None,
+        final_state=None, final_state_indices=None, output_final_state=False,
+        state_layout="v_first", state_dtype=None, chunk_state_interval=0, chunk_states=None,
+        out=None, backend="auto",
+    )
+    unknown = set(kwargs) - set(defaults)
+    if unknown:
+        raise TypeError(f"prefill_workspace_size: unexpected arguments {sorted(unknown)}")
+    defaults.update(kwargs)
+    kind, arrays, args = _prefill_call(q, k, v, g, beta, **defaults)
+    if not kind.is_cuda:
+        return 0
+    return int(ext().prefill_workspace_size(*arrays, **args))
+
+
+def decode(
+    q, k, v, g, beta, state, state_indices, *,
+    gate: str = "precomputed",
+    A_log=None,
+    dt_bias=None,
+    lower_bound: float | None = None,
+    scale: float | None = None,
+    use_qk_l2norm: bool = False,
+    use_beta_sigmoid: bool = False,
+    allow_neg_eigval: bool = False,
+    scalar_gate: bool = False,
+    cu_seqlens=None,
+    num_accepted_tokens=None,
+    null_slot_is_padding: bool = False,
+    state_layout: str = "v_first",
+    out=None,
+    backend: str = "auto",
+    stream=None,
+):
+    r"""Token-serial KDA over a state pool, updated in place; returns ``o`` ``[B, T, HV, V]``.
+
+    See the module docstring for the formula, shapes and dtypes. Arguments beyond those:
+
+    * ``state``: the pool ``[num_slots, HV, V, K]`` (``"v_first"``) or ``[num_slots, HV, K, V]``,
+      float32 or bfloat16, read and written in place.
+    * ``state_indices``: int32 ``[N]``, or ``[N, 1 + S]`` for speculative decoding. Sequence n
+      starts from slot ``state_indices[n, num_accepted_tokens[n] - 1]`` (column 0 without
+      ``num_accepted_tokens``). A start slot < 0 (or 0 with ``null_slot_is_padding``) or past
+      the pool makes the row padding: zero output, no state touched. With one column the final
+      state goes back to the start slot; with ``1 + S`` columns the state after token t goes to
+      slot ``state_indices[n, t]`` (negative: skipped).
+    * ``cu_seqlens``: packed batch (``B = 1``); else N = B sequences of T tokens.
+    * ``out``: preallocated ``o``. ``backend``: ``"auto"`` (CUDA kernels, or the float64 CPU
+      reference) or ``"reference"`` on the CPU. ``stream``: as for ``prefill``.
+    """
+    kind = _arrays.classify({
+        "q": q, "k": k, "v": v, "g": g, "beta": beta, "state": state,
+        "state_indices": state_indices, "A_log": A_log, "dt_bias": dt_bias,
+        "cu_seqlens": cu_seqlens, "num_accepted_tokens": num_accepted_tokens, "out": out,
+    })
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        _check_rank(name, x, (4,), "[B, T, heads, head_dim]")
+    _check_rank("g", g, (3,) if scalar_gate else (4,), "[B, T, HV]" if scalar_gate else "[B, T, HV, K]")
+    _check_rank("beta", beta, (3,), "[B, T, HV]")
+    _check_rank("state", state, (4,), "[num_slots, HV, V, K] or [num_slots, HV, K, V]")
+    _check_rank("state_indices", state_indices, (1, 2), "[N] or [N, 1 + S]")
+    if state_layout not in _LAYOUTS:
+        raise ValueError(f"state_layout: expected 'v_first' or 'k_first', got {state_layout!r}")
+    lb = _gate_args(gate, A_log, dt_bias, lower_bound)
+    B, T, _, K = q.shape
+    HV, V = v.shape[2], v.shape[3]
+    if scale is None:
+        scale = K ** -0.5
+    if out is None:
+        out = _arrays.empty(kind, (B, T, HV, V), _arrays.dtype_name(v))
+    handle = _stream_handle(kind, stream)
+    with _arrays.device_guard(kind):
+        ext().decode(
+            q, k, v, g, beta, out, state, state_indices, A_log=A_log, dt_bias=dt_bias,
+            cu_seqlens=cu_seqlens, num_accepted_tokens=num_accepted_tokens, gate=gate,
+            state_layout=state_layout, scale=float(scale), lower_bound=lb,
+            use_qk_l2norm=bool(use_qk_l2norm), use_beta_sigmoid=bool(use_beta_sigmoid),
+            allow_neg_eigval=bool(allow_neg_eigval), scalar_gate=bool(scalar_gate),
+            null_slot_is_padding=bool(null_slot_is_padding), backend=backend, stream=handle,
+        )
+    return out
