@@ -31,14 +31,14 @@ Status error(StatusCode code, Args&&... args) {
 
 // Returns a Status with `code` (a StatusCode enumerator name) and the concatenated message
 // from the enclosing function when `cond` is false.
-#define KDAKIT_CHECK(cond, code, ...)                                              \
-  do {                                                                             \
+#define KDAKIT_CHECK(cond, code, ...)                                                     \
+  do {                                                                                    \
     if (!(cond)) return ::kdakit::detail::error(::kdakit::StatusCode::code, __VA_ARGS__); \
   } while (0)
 
 // Returns `expr` (a Status) from the enclosing function when it is not ok.
-#define KDAKIT_RETURN_IF_ERROR(expr)           \
-  do {                                         \
-    ::kdakit::Status kdakit_status_ = (expr);  \
+#define KDAKIT_RETURN_IF_ERROR(expr)                 \
+  do {                                               \
+    ::kdakit::Status kdakit_status_ = (expr);        \
     if (!kdakit_status_.ok()) return kdakit_status_; \
   } while (0)

@@ -70,8 +70,8 @@ Status debug_check(const PrefillParams& p, cudaStream_t stream) {
         copy_cu_seqlens(p.cu_seqlens, p.dtype_cu_seqlens, p.num_seqs, stream, m.cu_seqlens));
   }
   if (p.initial_state_indices != nullptr) {
-    KDAKIT_RETURN_IF_ERROR(copy_to_host("initial_state_indices", p.initial_state_indices, N,
-                                        stream, m.initial_state_indices));
+    KDAKIT_RETURN_IF_ERROR(copy_to_host("initial_state_indices", p.initial_state_indices, N, stream,
+                                        m.initial_state_indices));
   }
   if (p.final_state_indices != nullptr) {
     KDAKIT_RETURN_IF_ERROR(copy_to_host("final_state_indices", p.final_state_indices, N, stream,

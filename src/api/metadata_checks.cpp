@@ -11,14 +11,13 @@ namespace {
 
 Status check_cu_seqlens(const std::vector<int64_t>& cu, int64_t num_seqs, int64_t seqlen) {
   KDAKIT_CHECK(cu.size() == static_cast<size_t>(num_seqs + 1), kInternal,
-               "cu_seqlens: host copy holds ", cu.size(), " offsets, expected N + 1 = ",
-               num_seqs + 1);
-  KDAKIT_CHECK(cu[0] == 0, kInvalidArgument, "cu_seqlens: expected cu_seqlens[0] = 0, got ",
-               cu[0]);
+               "cu_seqlens: host copy holds ", cu.size(),
+               " offsets, expected N + 1 = ", num_seqs + 1);
+  KDAKIT_CHECK(cu[0] == 0, kInvalidArgument, "cu_seqlens: expected cu_seqlens[0] = 0, got ", cu[0]);
   for (size_t i = 1; i < cu.size(); ++i) {
     KDAKIT_CHECK(cu[i] >= cu[i - 1], kInvalidArgument,
-                 "cu_seqlens: expected non-decreasing offsets, got cu_seqlens[", i, "] = ",
-                 cu[i], " < cu_seqlens[", i - 1, "] = ", cu[i - 1]);
+                 "cu_seqlens: expected non-decreasing offsets, got cu_seqlens[", i, "] = ", cu[i],
+                 " < cu_seqlens[", i - 1, "] = ", cu[i - 1]);
   }
   KDAKIT_CHECK(cu.back() <= seqlen, kInvalidArgument, "cu_seqlens: expected cu_seqlens[",
                cu.size() - 1, "] <= T = ", seqlen, " tokens, got ", cu.back());
@@ -49,9 +48,10 @@ Status check_metadata(const PrefillParams& p, const PrefillMetadata& m) {
   const std::vector<int32_t>& fin = m.final_state_indices;
   for (size_t n = 0; n < init.size(); ++n) {
     KDAKIT_CHECK(init[n] < p.num_state_slots, kInvalidArgument,
-                 "initial_state_indices: expected a slot < num_state_slots = ",
-                 p.num_state_slots, " (or < 0 for a zero initial state), got "
-                 "initial_state_indices[", n, "] = ", init[n]);
+                 "initial_state_indices: expected a slot < num_state_slots = ", p.num_state_slots,
+                 " (or < 0 for a zero initial state), got "
+                 "initial_state_indices[",
+                 n, "] = ", init[n]);
   }
   std::unordered_map<int32_t, int64_t> writer;
   for (size_t n = 0; n < fin.size(); ++n) {
@@ -81,9 +81,9 @@ Status check_metadata(const PrefillParams& p, const PrefillMetadata& m) {
       needed += (seq_len(m.cu_seqlens, p.seqlen, n) + p.chunk_state_interval - 1) /
                 p.chunk_state_interval;
     }
-    KDAKIT_CHECK(needed <= p.num_chunk_states, kInvalidArgument, "chunk_states: expected room for the ",
-                 needed, " chunk states of these sequences, got num_chunk_states = ",
-                 p.num_chunk_states);
+    KDAKIT_CHECK(needed <= p.num_chunk_states, kInvalidArgument,
+                 "chunk_states: expected room for the ", needed,
+                 " chunk states of these sequences, got num_chunk_states = ", p.num_chunk_states);
   }
   return Status::Ok();
 }
@@ -122,7 +122,8 @@ Status check_metadata(const DecodeParams& p, const DecodeMetadata& m) {
     }
     const int64_t written = std::min<int64_t>(seq_len(m.cu_seqlens, p.seqlen, n), cols);
     for (int64_t t = 0; t < written; ++t) {
-      if (!is_padding(row[t])) KDAKIT_RETURN_IF_ERROR(claim_write("state_indices", row[t], n, writer));
+      if (!is_padding(row[t]))
+        KDAKIT_RETURN_IF_ERROR(claim_write("state_indices", row[t], n, writer));
     }
   }
   // A row's start slot must not be written by another row: rows run concurrently.

@@ -34,8 +34,8 @@ Status prefill(const PrefillParams& p, cudaStream_t stream) {
   // an empty grid.
   if (p.num_seqs == 0) return Status::Ok();
   const size_t needed = sm90::prefill_workspace_size(p);
-  KDAKIT_CHECK(needed == 0 || p.workspace != nullptr, kInvalidArgument,
-               "workspace: required (", needed, " bytes, see prefill_workspace_size), got None");
+  KDAKIT_CHECK(needed == 0 || p.workspace != nullptr, kInvalidArgument, "workspace: required (",
+               needed, " bytes, see prefill_workspace_size), got None");
   KDAKIT_CHECK(p.workspace_bytes >= needed, kInvalidArgument, "workspace: expected at least ",
                needed, " bytes (prefill_workspace_size), got ", p.workspace_bytes);
   if (debug_checks_enabled()) KDAKIT_RETURN_IF_ERROR(debug_check(p, stream));

@@ -45,17 +45,20 @@ bool valid_gate(GateMode g) {
   return g == GateMode::kPrecomputed || g == GateMode::kSoftplus || g == GateMode::kLowerBound;
 }
 
-bool valid_layout(StateLayout l) {
-  return l == StateLayout::kVFirst || l == StateLayout::kKFirst;
-}
+bool valid_layout(StateLayout l) { return l == StateLayout::kVFirst || l == StateLayout::kKFirst; }
 
 size_t dtype_bytes(DType d) {
   switch (d) {
-    case DType::kFloat32: return 4;
-    case DType::kBFloat16: return 2;
-    case DType::kFloat16: return 2;
-    case DType::kInt32: return 4;
-    case DType::kInt64: return 8;
+    case DType::kFloat32:
+      return 4;
+    case DType::kBFloat16:
+      return 2;
+    case DType::kFloat16:
+      return 2;
+    case DType::kInt32:
+      return 4;
+    case DType::kInt64:
+      return 8;
   }
   return 1;
 }
@@ -77,13 +80,12 @@ struct View {
   int rank = 0;
   Dim dims[4] = {};
 
-  int64_t numel() const {
-    int64_t n = 1;
+  // Whether the view has no element (some dim of size 0).
+  bool empty() const {
     for (int i = 0; i < rank; ++i) {
-      if (dims[i].size == 0) return 0;
-      n *= dims[i].size;
+      if (dims[i].size == 0) return true;
     }
-    return n;
+    return false;
   }
 };
 
@@ -98,7 +100,7 @@ struct ByteRange {
 };
 
 ByteRange byte_range(const View& t) {
-  if (t.ptr == nullptr || t.numel() == 0) return ByteRange{};
+  if (t.ptr == nullptr || t.empty()) return ByteRange{};
   uint64_t last = 0;  // offset of the last element, in elements
   for (int i = 0; i < t.rank; ++i) {
     last += static_cast<uint64_t>(t.dims[i].size - 1) * static_cast<uint64_t>(t.dims[i].stride);
@@ -107,47 +109,10 @@ ByteRange byte_range(const View& t) {
   return ByteRange{begin, begin + static_cast<uintptr_t>((last + 1) * dtype_bytes(t.dtype))};
 }
 
-// Everything both operations share, copied out of either params struct.
-struct Common {
-  int64_t batch, seqlen, num_seqs;
-  int32_t num_qk_heads, num_v_heads, head_dim_k, head_dim_v;
-  const void *q, *k, *v, *g, *beta;
-  const float *A_log, *dt_bias;
-  const void* cu_seqlens;
-  void* o;
-  int64_t stride_q_b, stride_q_t, stride_q_h;
-  int64_t stride_k_b, stride_k_t, stride_k_h;
-  int64_t stride_v_b, stride_v_t, stride_v_h;
-  int64_t stride_g_b, stride_g_t, stride_g_h;
-  int64_t stride_beta_b, stride_beta_t, stride_beta_h;
-  int64_t stride_o_b, stride_o_t, stride_o_h;
-  DType dtype_qkv, dtype_g, dtype_beta, dtype_state, dtype_cu_seqlens;
-  GateMode gate;
-  StateLayout state_layout;
-  float scale, lower_bound;
-  bool use_qk_l2norm, use_beta_sigmoid, allow_neg_eigval, scalar_gate;
-};
-
-template <typename P>
-Common common_of(const P& p) {
-  return Common{
-      p.batch, p.seqlen, p.num_seqs,
-      p.num_qk_heads, p.num_v_heads, p.head_dim_k, p.head_dim_v,
-      p.q, p.k, p.v, p.g, p.beta, p.A_log, p.dt_bias, p.cu_seqlens, p.o,
-      p.stride_q_b, p.stride_q_t, p.stride_q_h,
-      p.stride_k_b, p.stride_k_t, p.stride_k_h,
-      p.stride_v_b, p.stride_v_t, p.stride_v_h,
-      p.stride_g_b, p.stride_g_t, p.stride_g_h,
-      p.stride_beta_b, p.stride_beta_t, p.stride_beta_h,
-      p.stride_o_b, p.stride_o_t, p.stride_o_h,
-      p.dtype_qkv, p.dtype_g, p.dtype_beta, p.dtype_state, p.dtype_cu_seqlens,
-      p.gate, p.state_layout, p.scale, p.lower_bound,
-      p.use_qk_l2norm, p.use_beta_sigmoid, p.allow_neg_eigval, p.scalar_gate};
-}
-
 // --- 1. sizes -----------------------------------------------------------------------------
 
-Status check_sizes(const Common& c) {
+template <typename P>
+Status check_sizes(const P& c) {
   KDAKIT_CHECK(c.batch >= 0, kInvalidArgument, "batch: expected a batch size >= 0, got ", c.batch);
   KDAKIT_CHECK(c.seqlen >= 0, kInvalidArgument,
                "seqlen: expected a token count T >= 0 (dim 1 of q), got ", c.seqlen);
@@ -156,46 +121,43 @@ Status check_sizes(const Common& c) {
   if (c.cu_seqlens != nullptr) {
     KDAKIT_CHECK(c.batch == 1, kInvalidArgument,
                  "cu_seqlens: expected batch size 1 with cu_seqlens (packed sequences share one "
-                 "row), got batch size ", c.batch);
+                 "row), got batch size ",
+                 c.batch);
   } else {
-    KDAKIT_CHECK(c.num_seqs == c.batch, kInvalidArgument,
-                 "num_seqs: expected N = batch size (", c.batch,
-                 ") without cu_seqlens, got ", c.num_seqs);
+    KDAKIT_CHECK(c.num_seqs == c.batch, kInvalidArgument, "num_seqs: expected N = batch size (",
+                 c.batch, ") without cu_seqlens, got ", c.num_seqs);
   }
-  KDAKIT_CHECK(c.num_qk_heads > 0, kInvalidArgument,
-               "q, k: expected a number of heads H > 0, got ", c.num_qk_heads);
+  KDAKIT_CHECK(c.num_qk_heads > 0, kInvalidArgument, "q, k: expected a number of heads H > 0, got ",
+               c.num_qk_heads);
   KDAKIT_CHECK(c.num_v_heads > 0, kInvalidArgument,
                "v: expected a number of value heads HV > 0, got ", c.num_v_heads);
   KDAKIT_CHECK(c.num_v_heads % c.num_qk_heads == 0, kInvalidArgument,
                "v: expected a number of value heads HV that is a multiple of the q/k heads H = ",
                c.num_qk_heads, " (GVA), got HV = ", c.num_v_heads);
-  KDAKIT_CHECK(c.head_dim_k >= 1, kInvalidArgument,
-               "q, k: expected a head dim K >= 1, got ", c.head_dim_k);
-  KDAKIT_CHECK(c.head_dim_v >= 1, kInvalidArgument,
-               "v: expected a head dim V >= 1, got ", c.head_dim_v);
-  KDAKIT_CHECK(c.head_dim_k <= kMaxHeadDim, kUnsupported,
-               "q, k: head dim K = ", c.head_dim_k, " is not supported; supported: 1 to ",
-               kMaxHeadDim);
-  KDAKIT_CHECK(c.head_dim_v <= kMaxHeadDim, kUnsupported,
-               "v: head dim V = ", c.head_dim_v, " is not supported; supported: 1 to ",
-               kMaxHeadDim);
+  KDAKIT_CHECK(c.head_dim_k >= 1, kInvalidArgument, "q, k: expected a head dim K >= 1, got ",
+               c.head_dim_k);
+  KDAKIT_CHECK(c.head_dim_v >= 1, kInvalidArgument, "v: expected a head dim V >= 1, got ",
+               c.head_dim_v);
+  KDAKIT_CHECK(c.head_dim_k <= kMaxHeadDim, kUnsupported, "q, k: head dim K = ", c.head_dim_k,
+               " is not supported; supported: 1 to ", kMaxHeadDim);
+  KDAKIT_CHECK(c.head_dim_v <= kMaxHeadDim, kUnsupported, "v: head dim V = ", c.head_dim_v,
+               " is not supported; supported: 1 to ", kMaxHeadDim);
   return Status::Ok();
 }
 
 // --- 2. enums and dtypes ------------------------------------------------------------------
 
-Status check_dtypes(const Common& c) {
+template <typename P>
+Status check_dtypes(const P& c) {
   KDAKIT_CHECK(is_float_dtype(c.dtype_qkv), kInvalidType,
                "q, k, v, o: expected dtype float32, bfloat16 or float16, got ",
                to_string(c.dtype_qkv));
   KDAKIT_CHECK(is_float_dtype(c.dtype_g), kInvalidType,
                "g: expected dtype float32, bfloat16 or float16, got ", to_string(c.dtype_g));
   KDAKIT_CHECK(is_float_dtype(c.dtype_beta), kInvalidType,
-               "beta: expected dtype float32, bfloat16 or float16, got ",
-               to_string(c.dtype_beta));
-  KDAKIT_CHECK(c.dtype_state == DType::kFloat32 || c.dtype_state == DType::kBFloat16,
-               kInvalidType, "state: expected dtype float32 or bfloat16, got ",
-               to_string(c.dtype_state));
+               "beta: expected dtype float32, bfloat16 or float16, got ", to_string(c.dtype_beta));
+  KDAKIT_CHECK(c.dtype_state == DType::kFloat32 || c.dtype_state == DType::kBFloat16, kInvalidType,
+               "state: expected dtype float32 or bfloat16, got ", to_string(c.dtype_state));
   if (c.cu_seqlens != nullptr) {
     KDAKIT_CHECK(c.dtype_cu_seqlens == DType::kInt32 || c.dtype_cu_seqlens == DType::kInt64,
                  kInvalidType, "cu_seqlens: expected dtype int32 or int64, got ",
@@ -212,7 +174,8 @@ Status check_dtypes(const Common& c) {
 
 // --- 3. gate and preprocessing ------------------------------------------------------------
 
-Status check_gate(const Common& c) {
+template <typename P>
+Status check_gate(const P& c) {
   if (c.gate == GateMode::kSoftplus) {
     KDAKIT_CHECK(c.A_log != nullptr, kInvalidArgument,
                  "A_log: required by the softplus gate (gamma = -exp(A_log) * softplus(g + "
@@ -223,8 +186,8 @@ Status check_gate(const Common& c) {
                  "lower_bound: expected a value in [-5, 0) for the lower-bound gate, got ",
                  c.lower_bound);
   } else {
-    KDAKIT_CHECK(c.lower_bound == 0.f, kInvalidArgument, "lower_bound: given (",
-                 c.lower_bound, ") but the gate is ", to_string(c.gate),
+    KDAKIT_CHECK(c.lower_bound == 0.f, kInvalidArgument, "lower_bound: given (", c.lower_bound,
+                 ") but the gate is ", to_string(c.gate),
                  "; a lower bound selects the lower-bound gate");
   }
   if (c.gate == GateMode::kPrecomputed) {
@@ -246,7 +209,7 @@ Status check_gate(const Common& c) {
 // --- 4. required tensors and layout of each view ------------------------------------------
 
 Status check_required(const View& t) {
-  KDAKIT_CHECK(t.ptr != nullptr || t.numel() == 0, kInvalidArgument, t.name,
+  KDAKIT_CHECK(t.ptr != nullptr || t.empty(), kInvalidArgument, t.name,
                ": required, got a null pointer");
   return Status::Ok();
 }
@@ -281,18 +244,18 @@ Status check_view(const View& t) {
       std::string strides;
       for (int i = 0; i < t.rank; ++i) {
         if (t.dims[i].stride_name == nullptr) continue;
-        strides += cat(strides.empty() ? "" : ", ", t.dims[i].stride_name, " = ",
-                       t.dims[i].stride);
+        strides += cat(strides.empty() ? "" : ", ", t.dims[i].stride_name, " = ", t.dims[i].stride);
       }
-      return error(StatusCode::kInvalidArgument, t.name, ": expected strides that give every "
-                   "element its own address (the last dim contiguous), got ", strides,
-                   " for shape ", shape_string(t));
+      return error(StatusCode::kInvalidArgument, t.name,
+                   ": expected strides that give every "
+                   "element its own address (the last dim contiguous), got ",
+                   strides, " for shape ", shape_string(t));
     }
     span += static_cast<__int128>(d.size - 1) * d.stride;
   }
   constexpr __int128 kMaxBytes = static_cast<__int128>(INT64_MAX);
-  KDAKIT_CHECK(span * static_cast<__int128>(dtype_bytes(t.dtype)) <= kMaxBytes,
-               kInvalidArgument, t.name, ": the view of shape ", shape_string(t),
+  KDAKIT_CHECK(span * static_cast<__int128>(dtype_bytes(t.dtype)) <= kMaxBytes, kInvalidArgument,
+               t.name, ": the view of shape ", shape_string(t),
                " spans more bytes than an int64 can count");
   const auto addr = reinterpret_cast<uintptr_t>(t.ptr);
   KDAKIT_CHECK(addr % dtype_bytes(t.dtype) == 0, kInvalidArgument, t.name,
@@ -324,9 +287,9 @@ Status check_disjoint(const View& written, const std::vector<View>& others) {
 
 // --- views of the two operations ----------------------------------------------------------
 
-View activation(const char* name, const void* ptr, DType dtype, int64_t B, int64_t T,
-                int64_t heads, int64_t dim, const char* sb, int64_t stride_b, const char* st,
-                int64_t stride_t, const char* sh, int64_t stride_h) {
+View activation(const char* name, const void* ptr, DType dtype, int64_t B, int64_t T, int64_t heads,
+                int64_t dim, const char* sb, int64_t stride_b, const char* st, int64_t stride_t,
+                const char* sh, int64_t stride_h) {
   View t{name, ptr, dtype, 4, {}};
   t.dims[0] = Dim{B, stride_b, sb};
   t.dims[1] = Dim{T, stride_t, st};
@@ -366,7 +329,8 @@ struct CommonViews {
   View q, k, v, g, beta, o, A_log, dt_bias, cu_seqlens;
 };
 
-CommonViews make_common_views(const Common& c) {
+template <typename P>
+CommonViews make_common_views(const P& c) {
   const int64_t B = c.batch, T = c.seqlen, H = c.num_qk_heads, HV = c.num_v_heads;
   CommonViews w{};
   w.q = activation("q", c.q, c.dtype_qkv, B, T, H, c.head_dim_k, "stride_q_b", c.stride_q_b,
@@ -378,25 +342,24 @@ CommonViews make_common_views(const Common& c) {
   w.o = activation("o", c.o, c.dtype_qkv, B, T, HV, c.head_dim_v, "stride_o_b", c.stride_o_b,
                    "stride_o_t", c.stride_o_t, "stride_o_h", c.stride_o_h);
   if (c.scalar_gate) {
-    w.g = per_token_head("g", c.g, c.dtype_g, B, T, HV, "stride_g_b", c.stride_g_b,
-                         "stride_g_t", c.stride_g_t, "stride_g_h", c.stride_g_h);
+    w.g = per_token_head("g", c.g, c.dtype_g, B, T, HV, "stride_g_b", c.stride_g_b, "stride_g_t",
+                         c.stride_g_t, "stride_g_h", c.stride_g_h);
   } else {
     w.g = activation("g", c.g, c.dtype_g, B, T, HV, c.head_dim_k, "stride_g_b", c.stride_g_b,
                      "stride_g_t", c.stride_g_t, "stride_g_h", c.stride_g_h);
   }
-  w.beta = per_token_head("beta", c.beta, c.dtype_beta, B, T, HV, "stride_beta_b",
-                          c.stride_beta_b, "stride_beta_t", c.stride_beta_t, "stride_beta_h",
-                          c.stride_beta_h);
+  w.beta = per_token_head("beta", c.beta, c.dtype_beta, B, T, HV, "stride_beta_b", c.stride_beta_b,
+                          "stride_beta_t", c.stride_beta_t, "stride_beta_h", c.stride_beta_h);
   w.A_log = vector_view("A_log", c.A_log, DType::kFloat32, HV);
-  w.dt_bias = vector_view("dt_bias", c.dt_bias, DType::kFloat32,
-                                  c.scalar_gate ? HV : HV * c.head_dim_k);
-  w.cu_seqlens = vector_view("cu_seqlens", c.cu_seqlens, c.dtype_cu_seqlens,
-                                     c.num_seqs + 1);
+  w.dt_bias =
+      vector_view("dt_bias", c.dt_bias, DType::kFloat32, c.scalar_gate ? HV : HV * c.head_dim_k);
+  w.cu_seqlens = vector_view("cu_seqlens", c.cu_seqlens, c.dtype_cu_seqlens, c.num_seqs + 1);
   return w;
 }
 
 // Groups 1 to 4 for the fields both operations share.
-Status check_common(const Common& c, CommonViews& w) {
+template <typename P>
+Status check_common(const P& c, CommonViews& w) {
   KDAKIT_RETURN_IF_ERROR(check_sizes(c));
   KDAKIT_RETURN_IF_ERROR(check_dtypes(c));
   KDAKIT_RETURN_IF_ERROR(check_gate(c));
@@ -413,16 +376,14 @@ Status check_common(const Common& c, CommonViews& w) {
 // ------------------------------------------------------------------------------------------
 
 Status validate(const PrefillParams& p) {
-  const Common c = common_of(p);
   CommonViews w;
-  KDAKIT_RETURN_IF_ERROR(check_common(c, w));
+  KDAKIT_RETURN_IF_ERROR(check_common(p, w));
 
   // --- 5. state buffers
   const int64_t HV = p.num_v_heads;
   const int64_t state_elems = HV * p.head_dim_k * p.head_dim_v;
   const bool indexed = p.initial_state_indices != nullptr || p.final_state_indices != nullptr;
-  KDAKIT_CHECK(p.initial_state_indices == nullptr || p.initial_state != nullptr,
-               kInvalidArgument,
+  KDAKIT_CHECK(p.initial_state_indices == nullptr || p.initial_state != nullptr, kInvalidArgument,
                "initial_state: required with initial_state_indices (the pool they index), got "
                "None");
   KDAKIT_CHECK(p.final_state_indices == nullptr || p.final_state != nullptr, kInvalidArgument,
@@ -430,31 +391,32 @@ Status validate(const PrefillParams& p) {
   if (indexed) {
     KDAKIT_CHECK(p.num_state_slots >= 1, kInvalidArgument,
                  "num_state_slots: expected >= 1 slots in the state pool with state indices, "
-                 "got ", p.num_state_slots);
+                 "got ",
+                 p.num_state_slots);
   }
   const int64_t init_rows = p.initial_state_indices ? p.num_state_slots : p.num_seqs;
   const int64_t final_rows = p.final_state_indices ? p.num_state_slots : p.num_seqs;
   if (p.initial_state != nullptr) {
     KDAKIT_CHECK(init_rows <= 1 || p.stride_initial_state_n >= state_elems, kInvalidArgument,
                  "initial_state: expected a stride between states (stride_initial_state_n) "
-                 ">= HV*K*V = ", state_elems, ", got ", p.stride_initial_state_n);
+                 ">= HV*K*V = ",
+                 state_elems, ", got ", p.stride_initial_state_n);
   }
   if (p.final_state != nullptr) {
     KDAKIT_CHECK(final_rows <= 1 || p.stride_final_state_n >= state_elems, kInvalidArgument,
                  "final_state: expected a stride between states (stride_final_state_n) >= "
-                 "HV*K*V = ", state_elems, ", got ", p.stride_final_state_n);
+                 "HV*K*V = ",
+                 state_elems, ", got ", p.stride_final_state_n);
   }
   const View initial_state =
-      state_view("initial_state", p.initial_state, p.dtype_state, init_rows,
-                         state_elems, "stride_initial_state_n", p.stride_initial_state_n);
-  const View final_state =
-      state_view("final_state", p.final_state, p.dtype_state, final_rows, state_elems,
-                         "stride_final_state_n", p.stride_final_state_n);
-  const View initial_indices = vector_view("initial_state_indices",
-                                                   p.initial_state_indices, DType::kInt32,
-                                                   p.num_seqs);
-  const View final_indices = vector_view("final_state_indices", p.final_state_indices,
-                                                 DType::kInt32, p.num_seqs);
+      state_view("initial_state", p.initial_state, p.dtype_state, init_rows, state_elems,
+                 "stride_initial_state_n", p.stride_initial_state_n);
+  const View final_state = state_view("final_state", p.final_state, p.dtype_state, final_rows,
+                                      state_elems, "stride_final_state_n", p.stride_final_state_n);
+  const View initial_indices =
+      vector_view("initial_state_indices", p.initial_state_indices, DType::kInt32, p.num_seqs);
+  const View final_indices =
+      vector_view("final_state_indices", p.final_state_indices, DType::kInt32, p.num_seqs);
   KDAKIT_RETURN_IF_ERROR(
       check_views({initial_state, final_state, initial_indices, final_indices}, false));
 
@@ -463,11 +425,11 @@ Status validate(const PrefillParams& p) {
                "chunk_state_interval: expected >= 0 (0 = no chunk states), got ",
                p.chunk_state_interval);
   if (has_chunk_states) {
-    KDAKIT_CHECK(p.chunk_state_interval > 0 &&
-                     p.chunk_state_interval % kChunkStateGranule == 0,
+    KDAKIT_CHECK(p.chunk_state_interval > 0 && p.chunk_state_interval % kChunkStateGranule == 0,
                  kInvalidArgument,
                  "chunk_state_interval: expected a positive multiple of 64 with chunk_states, "
-                 "got ", p.chunk_state_interval);
+                 "got ",
+                 p.chunk_state_interval);
     KDAKIT_CHECK(p.num_chunk_states >= 0, kInvalidArgument,
                  "num_chunk_states: expected the capacity of chunk_states in states (>= 0), got ",
                  p.num_chunk_states);
@@ -475,24 +437,21 @@ Status validate(const PrefillParams& p) {
       const int64_t needed =
           p.batch * ((p.seqlen + p.chunk_state_interval - 1) / p.chunk_state_interval);
       KDAKIT_CHECK(p.num_chunk_states >= needed, kInvalidArgument,
-                   "chunk_states: expected room for B * ceil(T / chunk_state_interval) = ",
-                   needed, " states, got num_chunk_states = ", p.num_chunk_states);
+                   "chunk_states: expected room for B * ceil(T / chunk_state_interval) = ", needed,
+                   " states, got num_chunk_states = ", p.num_chunk_states);
     }
   } else {
     KDAKIT_CHECK(p.chunk_state_interval == 0, kInvalidArgument,
                  "chunk_states: required when chunk_state_interval is set (got ",
                  p.chunk_state_interval, "), got None");
   }
-  const View chunk_states =
-      state_view("chunk_states", p.chunk_states, p.dtype_state, p.num_chunk_states,
-                         state_elems, nullptr, state_elems);
+  const View chunk_states = state_view("chunk_states", p.chunk_states, p.dtype_state,
+                                       p.num_chunk_states, state_elems, nullptr, state_elems);
   KDAKIT_RETURN_IF_ERROR(check_views({chunk_states}, false));
 
   // --- 6. aliasing: o, final_state and chunk_states are written
-  const std::vector<View> inputs = {w.q,          w.k,           w.v,
-                                    w.g,          w.beta,        w.A_log,
-                                    w.dt_bias,    w.cu_seqlens,  initial_indices,
-                                    final_indices};
+  const std::vector<View> inputs = {
+      w.q, w.k, w.v, w.g, w.beta, w.A_log, w.dt_bias, w.cu_seqlens, initial_indices, final_indices};
   const ByteRange init_range = byte_range(initial_state);
   const ByteRange final_range = byte_range(final_state);
   if (init_range.overlaps(final_range)) {
@@ -520,9 +479,8 @@ Status validate(const PrefillParams& p) {
 // ------------------------------------------------------------------------------------------
 
 Status validate(const DecodeParams& p) {
-  const Common c = common_of(p);
   CommonViews w;
-  KDAKIT_RETURN_IF_ERROR(check_common(c, w));
+  KDAKIT_RETURN_IF_ERROR(check_common(p, w));
 
   // --- 5. state pool and slot indices
   const int64_t state_elems = int64_t{p.num_v_heads} * p.head_dim_k * p.head_dim_v;
@@ -535,27 +493,26 @@ Status validate(const DecodeParams& p) {
                state_elems, ", got ", p.stride_state_slot);
   KDAKIT_CHECK(p.num_index_cols >= 1, kInvalidArgument,
                "state_indices: expected >= 1 columns (1, or 1 + S for speculative decoding), "
-               "got num_index_cols = ", p.num_index_cols);
+               "got num_index_cols = ",
+               p.num_index_cols);
   KDAKIT_CHECK(p.state_indices != nullptr || p.num_seqs == 0, kInvalidArgument,
                "state_indices: required (the pool slot of each sequence), got None");
-  KDAKIT_CHECK(p.num_seqs <= 1 || p.stride_state_indices_n >= p.num_index_cols,
-               kInvalidArgument,
+  KDAKIT_CHECK(p.num_seqs <= 1 || p.stride_state_indices_n >= p.num_index_cols, kInvalidArgument,
                "state_indices: expected a row stride (stride_state_indices_n) >= "
-               "num_index_cols = ", p.num_index_cols, ", got ", p.stride_state_indices_n);
-  const View state = state_view("state", p.state, p.dtype_state, p.num_state_slots,
-                                        state_elems, "stride_state_slot", p.stride_state_slot);
+               "num_index_cols = ",
+               p.num_index_cols, ", got ", p.stride_state_indices_n);
+  const View state = state_view("state", p.state, p.dtype_state, p.num_state_slots, state_elems,
+                                "stride_state_slot", p.stride_state_slot);
   View state_indices{"state_indices", p.state_indices, DType::kInt32, 2, {}};
-  state_indices.dims[0] = Dim{p.num_seqs, p.stride_state_indices_n,
-                                      "stride_state_indices_n"};
+  state_indices.dims[0] = Dim{p.num_seqs, p.stride_state_indices_n, "stride_state_indices_n"};
   state_indices.dims[1] = Dim{p.num_index_cols, 1, nullptr};
-  const View accepted = vector_view("num_accepted_tokens", p.num_accepted_tokens,
-                                            DType::kInt32, p.num_seqs);
+  const View accepted =
+      vector_view("num_accepted_tokens", p.num_accepted_tokens, DType::kInt32, p.num_seqs);
   KDAKIT_RETURN_IF_ERROR(check_views({state, state_indices, accepted}, false));
 
   // --- 6. aliasing: o and state are written
-  const std::vector<View> inputs = {w.q,       w.k,        w.v,          w.g,
-                                    w.beta,    w.A_log,    w.dt_bias,    w.cu_seqlens,
-                                    state_indices, accepted};
+  const std::vector<View> inputs = {w.q,     w.k,       w.v,          w.g,           w.beta,
+                                    w.A_log, w.dt_bias, w.cu_seqlens, state_indices, accepted};
   std::vector<View> others = inputs;
   others.push_back(state);
   KDAKIT_RETURN_IF_ERROR(check_disjoint(w.o, others));

@@ -124,8 +124,16 @@ using DC = Case<DecodeCase>;
 const std::vector<PC>& prefill_cases() {
   static const std::vector<PC> cases = {
       {"baseline", [](PrefillCase&, Buffers&) {}, true, ""},
-      {"tokens_past_last_offset", [](PrefillCase& c, Buffers&) { c.m.cu_seqlens = {0, 1, 1, 3}; }, true, ""},
-      {"all_sequences_empty", [](PrefillCase& c, Buffers&) { c.m.cu_seqlens = {0, 0, 0, 0}; }, true, ""},
+      {"tokens_past_last_offset",
+       [](PrefillCase& c, Buffers&) {
+         c.m.cu_seqlens = {0, 1, 1, 3};
+       },
+       true, ""},
+      {"all_sequences_empty",
+       [](PrefillCase& c, Buffers&) {
+         c.m.cu_seqlens = {0, 0, 0, 0};
+       },
+       true, ""},
       {"fixed_batch_has_no_offsets",
        [](PrefillCase& c, Buffers&) {
          c.p.cu_seqlens = nullptr, c.p.batch = 3, c.p.num_chunk_states = 3;
@@ -143,19 +151,46 @@ const std::vector<PC>& prefill_cases() {
          c.m.final_state_indices = {1, 2, 3};
        },
        true, ""},
-      {"first_offset_not_zero", [](PrefillCase& c, Buffers&) { c.m.cu_seqlens = {1, 4, 4, 9}; }, false, "cu_seqlens[0] = 0, got 1"},
-      {"decreasing_offsets", [](PrefillCase& c, Buffers&) { c.m.cu_seqlens = {0, 4, 3, 9}; }, false, "cu_seqlens[2] = 3 < cu_seqlens[1] = 4"},
-      {"last_offset_past_tokens", [](PrefillCase& c, Buffers&) { c.m.cu_seqlens = {0, 4, 4, 11}; }, false, "cu_seqlens: expected cu_seqlens[3] <= T = 10"},
-      {"initial_slot_out_of_range", [](PrefillCase& c, Buffers&) { c.m.initial_state_indices = {2, 6, 5}; c.m.final_state_indices = {2, -1, 5}; }, false, "initial_state_indices[1] = 6"},
+      {"first_offset_not_zero",
+       [](PrefillCase& c, Buffers&) {
+         c.m.cu_seqlens = {1, 4, 4, 9};
+       },
+       false, "cu_seqlens[0] = 0, got 1"},
+      {"decreasing_offsets",
+       [](PrefillCase& c, Buffers&) {
+         c.m.cu_seqlens = {0, 4, 3, 9};
+       },
+       false, "cu_seqlens[2] = 3 < cu_seqlens[1] = 4"},
+      {"last_offset_past_tokens",
+       [](PrefillCase& c, Buffers&) {
+         c.m.cu_seqlens = {0, 4, 4, 11};
+       },
+       false, "cu_seqlens: expected cu_seqlens[3] <= T = 10"},
+      {"initial_slot_out_of_range",
+       [](PrefillCase& c, Buffers&) {
+         c.m.initial_state_indices = {2, 6, 5};
+         c.m.final_state_indices = {2, -1, 5};
+       },
+       false, "initial_state_indices[1] = 6"},
       {"final_slot_out_of_range",
        [](PrefillCase& c, Buffers& b) {
          c.p.final_state_indices = b.idx2.data();
-         c.p.final_state = b.chunks.data(), c.p.chunk_states = nullptr, c.p.chunk_state_interval = 0;
+         c.p.final_state = b.chunks.data(), c.p.chunk_states = nullptr,
+         c.p.chunk_state_interval = 0;
          c.m.final_state_indices = {0, 7, 1};
        },
        false, "final_state_indices[1] = 7"},
-      {"final_slot_written_twice", [](PrefillCase& c, Buffers&) { c.m.initial_state_indices = c.m.final_state_indices = {2, -1, 2}; }, false, "slot 2 is written by sequences 0 and 2"},
-      {"too_few_chunk_states", [](PrefillCase& c, Buffers&) { c.m.cu_seqlens = {0, 70, 70, 75}; c.p.seqlen = 80; }, false, "chunk_states: expected room for the 3 chunk states"},
+      {"final_slot_written_twice",
+       [](PrefillCase& c, Buffers&) {
+         c.m.initial_state_indices = c.m.final_state_indices = {2, -1, 2};
+       },
+       false, "slot 2 is written by sequences 0 and 2"},
+      {"too_few_chunk_states",
+       [](PrefillCase& c, Buffers&) {
+         c.m.cu_seqlens = {0, 70, 70, 75};
+         c.p.seqlen = 80;
+       },
+       false, "chunk_states: expected room for the 3 chunk states"},
   };
   return cases;
 }
@@ -184,13 +219,23 @@ const std::vector<DC>& decode_cases() {
          c.m.state_indices = {1, 2, 3, 99, 4, 5, 6, 99, 7, 8, 9};
        },
        true, ""},
-      {"accepted_zero", [](DecodeCase& c, Buffers&) { c.m.num_accepted_tokens = {0, 3, 2}; }, false, "num_accepted_tokens[0] = 0"},
-      {"accepted_past_columns", [](DecodeCase& c, Buffers&) { c.m.num_accepted_tokens = {1, 4, 2}; }, false, "num_accepted_tokens: expected a value in [1, 3]"},
-      {"slot_out_of_range", [](DecodeCase& c, Buffers&) { c.m.state_indices[6] = 10; }, false, "state_indices[1, 2] = 10"},
-      {"slot_written_by_two_rows", [](DecodeCase& c, Buffers&) { c.m.state_indices[5] = 2; }, false, "slot 2 is written by sequences 0 and 1"},
+      {"accepted_zero",
+       [](DecodeCase& c, Buffers&) {
+         c.m.num_accepted_tokens = {0, 3, 2};
+       },
+       false, "num_accepted_tokens[0] = 0"},
+      {"accepted_past_columns",
+       [](DecodeCase& c, Buffers&) {
+         c.m.num_accepted_tokens = {1, 4, 2};
+       },
+       false, "num_accepted_tokens: expected a value in [1, 3]"},
+      {"slot_out_of_range", [](DecodeCase& c, Buffers&) { c.m.state_indices[6] = 10; }, false,
+       "state_indices[1, 2] = 10"},
+      {"slot_written_by_two_rows", [](DecodeCase& c, Buffers&) { c.m.state_indices[5] = 2; }, false,
+       "slot 2 is written by sequences 0 and 1"},
       {"zero_slot_shared_without_null_slot_flag",
-       [](DecodeCase& c, Buffers&) { c.m.state_indices = {1, 2, 3, 99, 0, 0, 0, 99, 0, 0, 0}; }, false,
-       "slot 0 is written by sequences 1 and 2"},
+       [](DecodeCase& c, Buffers&) { c.m.state_indices = {1, 2, 3, 99, 0, 0, 0, 99, 0, 0, 0}; },
+       false, "slot 0 is written by sequences 1 and 2"},
       {"start_slot_written_by_another_row",
        [](DecodeCase& c, Buffers&) {
          c.p.seqlen = 1;  // one token: row n writes only state_indices[n, 0]
@@ -201,7 +246,12 @@ const std::vector<DC>& decode_cases() {
          c.m.num_accepted_tokens = {1, 2, 1};
        },
        false, "slot 1 is the start state of sequence 1 and written by sequence 0"},
-      {"bad_offsets", [](DecodeCase& c, Buffers& b) { c.p.batch = 1, c.p.seqlen = 9, c.p.cu_seqlens = b.cu.data(); c.m.cu_seqlens = {0, 3, 2, 6}; }, false, "cu_seqlens[2] = 2"},
+      {"bad_offsets",
+       [](DecodeCase& c, Buffers& b) {
+         c.p.batch = 1, c.p.seqlen = 9, c.p.cu_seqlens = b.cu.data();
+         c.m.cu_seqlens = {0, 3, 2, 6};
+       },
+       false, "cu_seqlens[2] = 2"},
   };
   return cases;
 }

@@ -127,12 +127,18 @@ DecodeParams valid_decode(Arena& a) {
 
 std::string code_name(StatusCode c) {
   switch (c) {
-    case StatusCode::kOk: return "kOk";
-    case StatusCode::kInvalidArgument: return "kInvalidArgument";
-    case StatusCode::kInvalidType: return "kInvalidType";
-    case StatusCode::kUnsupported: return "kUnsupported";
-    case StatusCode::kCudaError: return "kCudaError";
-    case StatusCode::kInternal: return "kInternal";
+    case StatusCode::kOk:
+      return "kOk";
+    case StatusCode::kInvalidArgument:
+      return "kInvalidArgument";
+    case StatusCode::kInvalidType:
+      return "kInvalidType";
+    case StatusCode::kUnsupported:
+      return "kUnsupported";
+    case StatusCode::kCudaError:
+      return "kCudaError";
+    case StatusCode::kInternal:
+      return "kInternal";
   }
   return "?";
 }
@@ -199,7 +205,9 @@ const std::vector<PC>& prefill_cases() {
   static const std::vector<PC> cases = {
       // valid variants
       {"baseline", [](PrefillParams&, Arena&) {}, kOk, ""},
-      {"in_place_dense", [](PrefillParams& p, Arena&) { p.final_state = const_cast<void*>(p.initial_state); }, kOk, ""},
+      {"in_place_dense",
+       [](PrefillParams& p, Arena&) { p.final_state = const_cast<void*>(p.initial_state); }, kOk,
+       ""},
       {"in_place_pool",
        [](PrefillParams& p, Arena& a) {
          auto* idx = a.take<int32_t>(kB * 4);
@@ -257,7 +265,9 @@ const std::vector<PC>& prefill_cases() {
        },
        kOk, ""},
       {"lower_bound_without_A_log", [](PrefillParams& p, Arena&) { p.A_log = nullptr; }, kOk, ""},
-      {"softplus_gate", [](PrefillParams& p, Arena&) { p.gate = GateMode::kSoftplus, p.lower_bound = 0.f; }, kOk, ""},
+      {"softplus_gate",
+       [](PrefillParams& p, Arena&) { p.gate = GateMode::kSoftplus, p.lower_bound = 0.f; }, kOk,
+       ""},
       {"precomputed_gate",
        [](PrefillParams& p, Arena&) {
          p.gate = GateMode::kPrecomputed, p.lower_bound = 0.f, p.A_log = p.dt_bias = nullptr;
@@ -285,53 +295,74 @@ const std::vector<PC>& prefill_cases() {
          p.chunk_states = a.take(2 * kStateElems * 4);
        },
        kOk, ""},
-      {"no_state_at_all", [](PrefillParams& p, Arena&) { p.initial_state = p.final_state = nullptr; }, kOk, ""},
+      {"no_state_at_all",
+       [](PrefillParams& p, Arena&) { p.initial_state = p.final_state = nullptr; }, kOk, ""},
 
       // sizes
-      {"negative_batch", [](PrefillParams& p, Arena&) { p.batch = p.num_seqs = -1; }, kArg, "batch: "},
+      {"negative_batch", [](PrefillParams& p, Arena&) { p.batch = p.num_seqs = -1; }, kArg,
+       "batch: "},
       {"negative_seqlen", [](PrefillParams& p, Arena&) { p.seqlen = -2; }, kArg, "seqlen: "},
       {"num_seqs_not_batch", [](PrefillParams& p, Arena&) { p.num_seqs = 3; }, kArg, "num_seqs: "},
-      {"cu_seqlens_with_batch_2",
-       [](PrefillParams& p, Arena& a) { p.cu_seqlens = a.take(8 * 3); }, kArg,
-       "cu_seqlens: expected batch size 1"},
+      {"cu_seqlens_with_batch_2", [](PrefillParams& p, Arena& a) { p.cu_seqlens = a.take(8 * 3); },
+       kArg, "cu_seqlens: expected batch size 1"},
       {"zero_qk_heads", [](PrefillParams& p, Arena&) { p.num_qk_heads = 0; }, kArg, "q, k: "},
       {"zero_v_heads", [](PrefillParams& p, Arena&) { p.num_v_heads = 0; }, kArg, "v: "},
       {"v_heads_not_multiple", [](PrefillParams& p, Arena&) { p.num_v_heads = 3; }, kArg, "HV = 3"},
       {"zero_head_dim_k", [](PrefillParams& p, Arena&) { p.head_dim_k = 0; }, kArg, "q, k: "},
       {"zero_head_dim_v", [](PrefillParams& p, Arena&) { p.head_dim_v = 0; }, kArg, "v: "},
-      {"head_dim_k_too_big", [](PrefillParams& p, Arena&) { p.head_dim_k = 300; }, kUnsup, "K = 300"},
-      {"head_dim_v_too_big", [](PrefillParams& p, Arena&) { p.head_dim_v = 257; }, kUnsup, "V = 257"},
+      {"head_dim_k_too_big", [](PrefillParams& p, Arena&) { p.head_dim_k = 300; }, kUnsup,
+       "K = 300"},
+      {"head_dim_v_too_big", [](PrefillParams& p, Arena&) { p.head_dim_v = 257; }, kUnsup,
+       "V = 257"},
 
       // dtypes and enums
-      {"qkv_int32", [](PrefillParams& p, Arena&) { p.dtype_qkv = DType::kInt32; }, kType, "q, k, v, o: "},
+      {"qkv_int32", [](PrefillParams& p, Arena&) { p.dtype_qkv = DType::kInt32; }, kType,
+       "q, k, v, o: "},
       {"g_int64", [](PrefillParams& p, Arena&) { p.dtype_g = DType::kInt64; }, kType, "g: "},
-      {"beta_int32", [](PrefillParams& p, Arena&) { p.dtype_beta = DType::kInt32; }, kType, "beta: "},
-      {"state_fp16", [](PrefillParams& p, Arena&) { p.dtype_state = DType::kFloat16; }, kType, "state: "},
+      {"beta_int32", [](PrefillParams& p, Arena&) { p.dtype_beta = DType::kInt32; }, kType,
+       "beta: "},
+      {"state_fp16", [](PrefillParams& p, Arena&) { p.dtype_state = DType::kFloat16; }, kType,
+       "state: "},
       {"cu_seqlens_float",
        [](PrefillParams& p, Arena& a) {
          to_packed(p, a, 2);
          p.dtype_cu_seqlens = DType::kFloat32;
        },
        kType, "cu_seqlens: "},
-      {"gate_out_of_enum", [](PrefillParams& p, Arena&) { p.gate = static_cast<GateMode>(7); }, kArg, "gate: "},
-      {"layout_out_of_enum", [](PrefillParams& p, Arena&) { p.state_layout = static_cast<StateLayout>(5); }, kArg, "state_layout: "},
+      {"gate_out_of_enum", [](PrefillParams& p, Arena&) { p.gate = static_cast<GateMode>(7); },
+       kArg, "gate: "},
+      {"layout_out_of_enum",
+       [](PrefillParams& p, Arena&) { p.state_layout = static_cast<StateLayout>(5); }, kArg,
+       "state_layout: "},
 
       // gate and preprocessing flags
       {"softplus_without_A_log",
-       [](PrefillParams& p, Arena&) { p.gate = GateMode::kSoftplus, p.lower_bound = 0.f, p.A_log = nullptr; },
+       [](PrefillParams& p, Arena&) {
+         p.gate = GateMode::kSoftplus, p.lower_bound = 0.f, p.A_log = nullptr;
+       },
        kArg, "A_log: "},
-      {"lower_bound_positive", [](PrefillParams& p, Arena&) { p.lower_bound = 0.5f; }, kArg, "lower_bound: expected a value in [-5, 0) for the lower-bound gate, got 0.5"},
-      {"lower_bound_zero", [](PrefillParams& p, Arena&) { p.lower_bound = 0.f; }, kArg, "lower_bound: "},
-      {"lower_bound_below_minus_5", [](PrefillParams& p, Arena&) { p.lower_bound = -5.5f; }, kArg, "lower_bound: "},
-      {"lower_bound_nan", [](PrefillParams& p, Arena&) { p.lower_bound = kNaN; }, kArg, "lower_bound: "},
-      {"lower_bound_with_softplus", [](PrefillParams& p, Arena&) { p.gate = GateMode::kSoftplus; }, kArg, "lower_bound: "},
+      {"lower_bound_positive", [](PrefillParams& p, Arena&) { p.lower_bound = 0.5f; }, kArg,
+       "lower_bound: expected a value in [-5, 0) for the lower-bound gate, got 0.5"},
+      {"lower_bound_zero", [](PrefillParams& p, Arena&) { p.lower_bound = 0.f; }, kArg,
+       "lower_bound: "},
+      {"lower_bound_below_minus_5", [](PrefillParams& p, Arena&) { p.lower_bound = -5.5f; }, kArg,
+       "lower_bound: "},
+      {"lower_bound_nan", [](PrefillParams& p, Arena&) { p.lower_bound = kNaN; }, kArg,
+       "lower_bound: "},
+      {"lower_bound_with_softplus", [](PrefillParams& p, Arena&) { p.gate = GateMode::kSoftplus; },
+       kArg, "lower_bound: "},
       {"A_log_with_precomputed",
-       [](PrefillParams& p, Arena&) { p.gate = GateMode::kPrecomputed, p.lower_bound = 0.f, p.dt_bias = nullptr; },
+       [](PrefillParams& p, Arena&) {
+         p.gate = GateMode::kPrecomputed, p.lower_bound = 0.f, p.dt_bias = nullptr;
+       },
        kArg, "A_log: "},
       {"dt_bias_with_precomputed",
-       [](PrefillParams& p, Arena&) { p.gate = GateMode::kPrecomputed, p.lower_bound = 0.f, p.A_log = nullptr; },
+       [](PrefillParams& p, Arena&) {
+         p.gate = GateMode::kPrecomputed, p.lower_bound = 0.f, p.A_log = nullptr;
+       },
        kArg, "dt_bias: "},
-      {"neg_eigval_without_sigmoid", [](PrefillParams& p, Arena&) { p.use_beta_sigmoid = false; }, kArg, "allow_neg_eigval: "},
+      {"neg_eigval_without_sigmoid", [](PrefillParams& p, Arena&) { p.use_beta_sigmoid = false; },
+       kArg, "allow_neg_eigval: "},
       {"scale_zero", [](PrefillParams& p, Arena&) { p.scale = 0.f; }, kArg, "scale: "},
       {"scale_negative", [](PrefillParams& p, Arena&) { p.scale = -1.f; }, kArg, "scale: "},
       {"scale_inf", [](PrefillParams& p, Arena&) { p.scale = kInf; }, kArg, "scale: "},
@@ -346,17 +377,26 @@ const std::vector<PC>& prefill_cases() {
       {"o_null", [](PrefillParams& p, Arena&) { p.o = nullptr; }, kArg, "o: required"},
 
       // strides and alignment
-      {"q_negative_stride", [](PrefillParams& p, Arena&) { p.stride_q_t = -1; }, kArg, "stride_q_t = -1"},
-      {"q_head_stride_below_head_dim", [](PrefillParams& p, Arena&) { p.stride_q_h = kK - 1; }, kArg, "q: expected strides"},
-      {"k_token_stride_below_heads_times_dim", [](PrefillParams& p, Arena&) { p.stride_k_t = kK; }, kArg, "k: expected strides"},
-      {"v_batch_stride_overlaps", [](PrefillParams& p, Arena&) { p.stride_v_b = kHV * kV; }, kArg, "v: expected strides"},
-      {"g_broadcast_heads", [](PrefillParams& p, Arena&) { p.stride_g_h = 0; }, kArg, "g: expected strides"},
-      {"beta_broadcast_tokens", [](PrefillParams& p, Arena&) { p.stride_beta_t = 0; }, kArg, "beta: expected strides"},
-      {"o_overlapping_rows", [](PrefillParams& p, Arena&) { p.stride_o_t = kV; }, kArg, "o: expected strides"},
-      {"q_misaligned",
-       [](PrefillParams& p, Arena&) { p.q = static_cast<const char*>(p.q) + 1; }, kArg, "q: expected a pointer aligned to 2 bytes"},
+      {"q_negative_stride", [](PrefillParams& p, Arena&) { p.stride_q_t = -1; }, kArg,
+       "stride_q_t = -1"},
+      {"q_head_stride_below_head_dim", [](PrefillParams& p, Arena&) { p.stride_q_h = kK - 1; },
+       kArg, "q: expected strides"},
+      {"k_token_stride_below_heads_times_dim", [](PrefillParams& p, Arena&) { p.stride_k_t = kK; },
+       kArg, "k: expected strides"},
+      {"v_batch_stride_overlaps", [](PrefillParams& p, Arena&) { p.stride_v_b = kHV * kV; }, kArg,
+       "v: expected strides"},
+      {"g_broadcast_heads", [](PrefillParams& p, Arena&) { p.stride_g_h = 0; }, kArg,
+       "g: expected strides"},
+      {"beta_broadcast_tokens", [](PrefillParams& p, Arena&) { p.stride_beta_t = 0; }, kArg,
+       "beta: expected strides"},
+      {"o_overlapping_rows", [](PrefillParams& p, Arena&) { p.stride_o_t = kV; }, kArg,
+       "o: expected strides"},
+      {"q_misaligned", [](PrefillParams& p, Arena&) { p.q = static_cast<const char*>(p.q) + 1; },
+       kArg, "q: expected a pointer aligned to 2 bytes"},
       {"A_log_misaligned",
-       [](PrefillParams& p, Arena&) { p.A_log = reinterpret_cast<const float*>(reinterpret_cast<const char*>(p.A_log) + 2); },
+       [](PrefillParams& p, Arena&) {
+         p.A_log = reinterpret_cast<const float*>(reinterpret_cast<const char*>(p.A_log) + 2);
+       },
        kArg, "A_log: expected a pointer aligned"},
 
       // state buffers
@@ -375,10 +415,15 @@ const std::vector<PC>& prefill_cases() {
       {"indexed_without_slots",
        [](PrefillParams& p, Arena& a) { p.initial_state_indices = a.take<int32_t>(kB * 4); }, kArg,
        "num_state_slots: "},
-      {"initial_state_stride_small", [](PrefillParams& p, Arena&) { p.stride_initial_state_n = kStateElems - 1; }, kArg, "stride_initial_state_n"},
-      {"final_state_stride_small", [](PrefillParams& p, Arena&) { p.stride_final_state_n = 0; }, kArg, "stride_final_state_n"},
+      {"initial_state_stride_small",
+       [](PrefillParams& p, Arena&) { p.stride_initial_state_n = kStateElems - 1; }, kArg,
+       "stride_initial_state_n"},
+      {"final_state_stride_small", [](PrefillParams& p, Arena&) { p.stride_final_state_n = 0; },
+       kArg, "stride_final_state_n"},
       {"chunk_states_without_interval",
-       [](PrefillParams& p, Arena& a) { p.chunk_states = a.take(kB * kStateElems * 4), p.num_chunk_states = kB; },
+       [](PrefillParams& p, Arena& a) {
+         p.chunk_states = a.take(kB * kStateElems * 4), p.num_chunk_states = kB;
+       },
        kArg, "chunk_state_interval: "},
       {"chunk_interval_not_multiple_of_64",
        [](PrefillParams& p, Arena& a) {
@@ -386,8 +431,11 @@ const std::vector<PC>& prefill_cases() {
          p.chunk_state_interval = 100;
        },
        kArg, "chunk_state_interval: "},
-      {"chunk_interval_negative", [](PrefillParams& p, Arena&) { p.chunk_state_interval = -64; }, kArg, "chunk_state_interval: "},
-      {"chunk_interval_without_buffer", [](PrefillParams& p, Arena&) { p.chunk_state_interval = 64; }, kArg, "chunk_states: required"},
+      {"chunk_interval_negative", [](PrefillParams& p, Arena&) { p.chunk_state_interval = -64; },
+       kArg, "chunk_state_interval: "},
+      {"chunk_interval_without_buffer",
+       [](PrefillParams& p, Arena&) { p.chunk_state_interval = 64; }, kArg,
+       "chunk_states: required"},
       {"chunk_states_too_small",
        [](PrefillParams& p, Arena& a) {
          p.chunk_states = a.take(kStateElems * 4), p.num_chunk_states = 1;
@@ -403,7 +451,9 @@ const std::vector<PC>& prefill_cases() {
        },
        kArg, "partial state aliasing"},
       {"state_buffers_shifted",
-       [](PrefillParams& p, Arena&) { p.final_state = static_cast<char*>(const_cast<void*>(p.initial_state)) + 64; },
+       [](PrefillParams& p, Arena&) {
+         p.final_state = static_cast<char*>(const_cast<void*>(p.initial_state)) + 64;
+       },
        kArg, "partial state aliasing"},
       {"same_pool_different_indices",
        [](PrefillParams& p, Arena& a) {
@@ -420,13 +470,16 @@ const std::vector<PC>& prefill_cases() {
          p.initial_state_indices = a.take<int32_t>(kB * 4);
        },
        kArg, "partial state aliasing"},
-      {"o_overlaps_v", [](PrefillParams& p, Arena&) { p.o = const_cast<void*>(p.v); }, kArg, "o: expected a buffer that shares no memory with v"},
+      {"o_overlaps_v", [](PrefillParams& p, Arena&) { p.o = const_cast<void*>(p.v); }, kArg,
+       "o: expected a buffer that shares no memory with v"},
       {"o_overlaps_initial_state",
-       [](PrefillParams& p, Arena&) { p.o = const_cast<void*>(p.initial_state); }, kArg, "shares no memory with initial_state"},
-      {"o_overlaps_final_state", [](PrefillParams& p, Arena&) { p.o = p.final_state; }, kArg, "shares no memory with final_state"},
+       [](PrefillParams& p, Arena&) { p.o = const_cast<void*>(p.initial_state); }, kArg,
+       "shares no memory with initial_state"},
+      {"o_overlaps_final_state", [](PrefillParams& p, Arena&) { p.o = p.final_state; }, kArg,
+       "shares no memory with final_state"},
       {"final_state_overlaps_q",
-       [](PrefillParams& p, Arena&) { p.q = static_cast<const char*>(p.final_state) + 16; },
-       kArg, "final_state: expected a buffer that shares no memory with q"},
+       [](PrefillParams& p, Arena&) { p.q = static_cast<const char*>(p.final_state) + 16; }, kArg,
+       "final_state: expected a buffer that shares no memory with q"},
       {"chunk_states_overlap_final_state",
        [](PrefillParams& p, Arena&) {
          p.chunk_states = p.final_state, p.num_chunk_states = kB, p.chunk_state_interval = 64;
@@ -462,8 +515,13 @@ const std::vector<DC>& decode_cases() {
        kOk, ""},
       {"packed_batch", [](DecodeParams& p, Arena& a) { to_packed(p, a, 2); }, kOk, ""},
       {"fused_projection_views", [](DecodeParams& p, Arena& a) { to_fused_qkv(p, a); }, kOk, ""},
-      {"padded_index_rows", [](DecodeParams& p, Arena& a) { p.state_indices = a.take<int32_t>(kB * 8 * 4), p.stride_state_indices_n = 8; }, kOk, ""},
-      {"single_slot_any_stride", [](DecodeParams& p, Arena&) { p.num_state_slots = 1, p.stride_state_slot = 0; }, kOk, ""},
+      {"padded_index_rows",
+       [](DecodeParams& p, Arena& a) {
+         p.state_indices = a.take<int32_t>(kB * 8 * 4), p.stride_state_indices_n = 8;
+       },
+       kOk, ""},
+      {"single_slot_any_stride",
+       [](DecodeParams& p, Arena&) { p.num_state_slots = 1, p.stride_state_slot = 0; }, kOk, ""},
       {"no_sequences_no_indices",
        [](DecodeParams& p, Arena& a) {
          to_packed(p, a, 0);
@@ -471,39 +529,58 @@ const std::vector<DC>& decode_cases() {
        },
        kOk, ""},
       {"bf16_state_k_first",
-       [](DecodeParams& p, Arena&) { p.dtype_state = DType::kBFloat16, p.state_layout = StateLayout::kKFirst; }, kOk, ""},
+       [](DecodeParams& p, Arena&) {
+         p.dtype_state = DType::kBFloat16, p.state_layout = StateLayout::kKFirst;
+       },
+       kOk, ""},
 
       // shared rules, as decode reports them
-      {"cu_seqlens_with_batch_2", [](DecodeParams& p, Arena& a) { p.cu_seqlens = a.take(8 * 3); }, kArg, "cu_seqlens: expected batch size 1"},
+      {"cu_seqlens_with_batch_2", [](DecodeParams& p, Arena& a) { p.cu_seqlens = a.take(8 * 3); },
+       kArg, "cu_seqlens: expected batch size 1"},
       {"v_heads_not_multiple", [](DecodeParams& p, Arena&) { p.num_v_heads = 5; }, kArg, "v: "},
       {"head_dim_too_big", [](DecodeParams& p, Arena&) { p.head_dim_v = 512; }, kUnsup, "v: "},
-      {"state_int32", [](DecodeParams& p, Arena&) { p.dtype_state = DType::kInt32; }, kType, "state: "},
-      {"softplus_without_A_log", [](DecodeParams& p, Arena&) { p.A_log = nullptr; }, kArg, "A_log: "},
+      {"state_int32", [](DecodeParams& p, Arena&) { p.dtype_state = DType::kInt32; }, kType,
+       "state: "},
+      {"softplus_without_A_log", [](DecodeParams& p, Arena&) { p.A_log = nullptr; }, kArg,
+       "A_log: "},
       {"lower_bound_out_of_range",
-       [](DecodeParams& p, Arena&) { p.gate = GateMode::kLowerBound, p.lower_bound = -6.f; }, kArg, "lower_bound: "},
+       [](DecodeParams& p, Arena&) { p.gate = GateMode::kLowerBound, p.lower_bound = -6.f; }, kArg,
+       "lower_bound: "},
       {"neg_eigval_without_sigmoid",
-       [](DecodeParams& p, Arena&) { p.allow_neg_eigval = true, p.use_beta_sigmoid = false; }, kArg, "allow_neg_eigval: "},
+       [](DecodeParams& p, Arena&) { p.allow_neg_eigval = true, p.use_beta_sigmoid = false; }, kArg,
+       "allow_neg_eigval: "},
       {"scale_nan", [](DecodeParams& p, Arena&) { p.scale = kNaN; }, kArg, "scale: "},
       {"beta_null", [](DecodeParams& p, Arena&) { p.beta = nullptr; }, kArg, "beta: required"},
-      {"q_token_stride_overlaps", [](DecodeParams& p, Arena&) { p.stride_q_t = 1; }, kArg, "q: expected strides"},
+      {"q_token_stride_overlaps", [](DecodeParams& p, Arena&) { p.stride_q_t = 1; }, kArg,
+       "q: expected strides"},
 
       // state pool and slot indices
       {"state_null", [](DecodeParams& p, Arena&) { p.state = nullptr; }, kArg, "state: required"},
-      {"no_slots", [](DecodeParams& p, Arena&) { p.num_state_slots = 0; }, kArg, "num_state_slots: "},
-      {"slot_stride_small", [](DecodeParams& p, Arena&) { p.stride_state_slot = kStateElems / 2; }, kArg, "stride_state_slot"},
-      {"state_indices_null", [](DecodeParams& p, Arena&) { p.state_indices = nullptr; }, kArg, "state_indices: required"},
-      {"zero_index_cols", [](DecodeParams& p, Arena&) { p.num_index_cols = 0; }, kArg, "state_indices: "},
-      {"index_row_stride_small", [](DecodeParams& p, Arena&) { p.stride_state_indices_n = 2; }, kArg, "stride_state_indices_n"},
+      {"no_slots", [](DecodeParams& p, Arena&) { p.num_state_slots = 0; }, kArg,
+       "num_state_slots: "},
+      {"slot_stride_small", [](DecodeParams& p, Arena&) { p.stride_state_slot = kStateElems / 2; },
+       kArg, "stride_state_slot"},
+      {"state_indices_null", [](DecodeParams& p, Arena&) { p.state_indices = nullptr; }, kArg,
+       "state_indices: required"},
+      {"zero_index_cols", [](DecodeParams& p, Arena&) { p.num_index_cols = 0; }, kArg,
+       "state_indices: "},
+      {"index_row_stride_small", [](DecodeParams& p, Arena&) { p.stride_state_indices_n = 2; },
+       kArg, "stride_state_indices_n"},
       {"state_indices_misaligned",
-       [](DecodeParams& p, Arena&) { p.state_indices = reinterpret_cast<const int32_t*>(reinterpret_cast<const char*>(p.state_indices) + 1); },
+       [](DecodeParams& p, Arena&) {
+         p.state_indices =
+             reinterpret_cast<const int32_t*>(reinterpret_cast<const char*>(p.state_indices) + 1);
+       },
        kArg, "state_indices: expected a pointer aligned"},
 
       // aliasing
-      {"o_overlaps_state", [](DecodeParams& p, Arena&) { p.o = p.state; }, kArg, "o: expected a buffer that shares no memory with state"},
-      {"o_overlaps_q", [](DecodeParams& p, Arena&) { p.o = const_cast<void*>(p.q); }, kArg, "shares no memory with q"},
+      {"o_overlaps_state", [](DecodeParams& p, Arena&) { p.o = p.state; }, kArg,
+       "o: expected a buffer that shares no memory with state"},
+      {"o_overlaps_q", [](DecodeParams& p, Arena&) { p.o = const_cast<void*>(p.q); }, kArg,
+       "shares no memory with q"},
       {"state_overlaps_indices",
-       [](DecodeParams& p, Arena&) { p.state_indices = static_cast<const int32_t*>(p.state) + 4; }, kArg,
-       "state: expected a buffer that shares no memory with state_indices"},
+       [](DecodeParams& p, Arena&) { p.state_indices = static_cast<const int32_t*>(p.state) + 4; },
+       kArg, "state: expected a buffer that shares no memory with state_indices"},
       {"state_overlaps_g",
        [](DecodeParams& p, Arena&) { p.g = static_cast<char*>(p.state) + 4 * kStateElems; }, kArg,
        "state: expected a buffer that shares no memory with g"},
