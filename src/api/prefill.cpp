@@ -18,8 +18,11 @@ bool built_with_cuda() {
 #endif
 }
 
+// NOTE: invalid params size no workspace (0 bytes): the sizes may be negative or absurd, and
+// the prefill call that follows reports the validation error.
 size_t prefill_workspace_size(const PrefillParams& p) {
 #if KDAKIT_WITH_CUDA
+  if (!validate(p).ok()) return 0;
   return sm90::prefill_workspace_size(p);
 #else
   (void)p;
