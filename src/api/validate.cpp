@@ -471,6 +471,21 @@ Status validate(const PrefillParams& p) {
   KDAKIT_RETURN_IF_ERROR(check_disjoint(final_state, inputs));
   KDAKIT_RETURN_IF_ERROR(check_disjoint(chunk_states, {initial_state, final_state}));
   KDAKIT_RETURN_IF_ERROR(check_disjoint(chunk_states, inputs));
+
+  // The workspace is scratch the kernels overwrite: [workspace, workspace + workspace_bytes)
+  // must not hold any tensor of the call.
+  if (p.workspace != nullptr && p.workspace_bytes > 0) {
+    const auto ws_begin = reinterpret_cast<uintptr_t>(p.workspace);
+    const ByteRange ws{ws_begin, ws_begin + p.workspace_bytes};
+    for (const View& t : others) {
+      KDAKIT_CHECK(!ws.overlaps(byte_range(t)), kInvalidArgument,
+                   "workspace: expected scratch memory that shares no memory with ", t.name,
+                   ", got overlapping byte ranges");
+    }
+    KDAKIT_CHECK(!ws.overlaps(byte_range(w.o)), kInvalidArgument,
+                 "workspace: expected scratch memory that shares no memory with o, got "
+                 "overlapping byte ranges");
+  }
   return Status::Ok();
 }
 

@@ -491,6 +491,18 @@ const std::vector<PC>& prefill_cases() {
          p.cu_seqlens = p.o;
        },
        kArg, "shares no memory with cu_seqlens"},
+      {"workspace_overlaps_o",
+       [](PrefillParams& p, Arena&) { p.workspace = p.o, p.workspace_bytes = 64; }, kArg,
+       "workspace: expected scratch memory that shares no memory with o"},
+      {"workspace_overlaps_initial_state",
+       [](PrefillParams& p, Arena&) {
+         p.workspace = static_cast<char*>(const_cast<void*>(p.initial_state)) + 128;
+         p.workspace_bytes = 4096;
+       },
+       kArg, "shares no memory with initial_state"},
+      {"workspace_separate",
+       [](PrefillParams& p, Arena& a) { p.workspace = a.take(4096), p.workspace_bytes = 4096; },
+       kOk, ""},
   };
   return cases;
 }
