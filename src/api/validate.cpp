@@ -34,6 +34,9 @@ constexpr int32_t kMaxHeadDim = 256;
 // and Kimi K3's bound of -5 keeps exp(gamma) >= exp(-5) representable per token.
 constexpr float kMinLowerBound = -5.f;
 
+// Largest byte span of one view: byte offsets are int64 in the kernels.
+constexpr __int128 kMaxViewBytes = static_cast<__int128>(INT64_MAX);
+
 // Chunk states are taken at chunk boundaries of the 64-token chunked algorithm.
 constexpr int32_t kChunkStateGranule = 64;
 
@@ -247,16 +250,17 @@ Status check_view(const View& t) {
         strides += cat(strides.empty() ? "" : ", ", t.dims[i].stride_name, " = ", t.dims[i].stride);
       }
       return error(StatusCode::kInvalidArgument, t.name,
-                   ": expected strides that give every "
-                   "element its own address (the last dim contiguous), got ",
+                   ": expected strides that give every element its own address (the last dim "
+                   "contiguous), got ",
                    strides, " for shape ", shape_string(t));
     }
+    // NOTE: both factors are below 2^63 and span stays below 2^63 / element size after each
+    // step, so the sum cannot overflow 128 bits.
     span += static_cast<__int128>(d.size - 1) * d.stride;
+    KDAKIT_CHECK(span * static_cast<__int128>(dtype_bytes(t.dtype)) <= kMaxViewBytes,
+                 kInvalidArgument, t.name, ": the view of shape ", shape_string(t),
+                 " spans more bytes than an int64 can count");
   }
-  constexpr __int128 kMaxBytes = static_cast<__int128>(INT64_MAX);
-  KDAKIT_CHECK(span * static_cast<__int128>(dtype_bytes(t.dtype)) <= kMaxBytes, kInvalidArgument,
-               t.name, ": the view of shape ", shape_string(t),
-               " spans more bytes than an int64 can count");
   const auto addr = reinterpret_cast<uintptr_t>(t.ptr);
   KDAKIT_CHECK(addr % dtype_bytes(t.dtype) == 0, kInvalidArgument, t.name,
                ": expected a pointer aligned to ", dtype_bytes(t.dtype), " bytes for ",

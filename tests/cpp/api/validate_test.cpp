@@ -391,6 +391,8 @@ const std::vector<PC>& prefill_cases() {
        "beta: expected strides"},
       {"o_overlapping_rows", [](PrefillParams& p, Arena&) { p.stride_o_t = kV; }, kArg,
        "o: expected strides"},
+      {"q_span_past_int64", [](PrefillParams& p, Arena&) { p.stride_q_b = int64_t{1} << 62; }, kArg,
+       "q: the view of shape [2, 5, 2, 8] spans more bytes than an int64 can count"},
       {"q_misaligned", [](PrefillParams& p, Arena&) { p.q = static_cast<const char*>(p.q) + 1; },
        kArg, "q: expected a pointer aligned to 2 bytes"},
       {"A_log_misaligned",
