@@ -12,6 +12,7 @@
 #include <cmath>
 #include <cstdint>
 #include <numeric>
+#include <ostream>
 #include <string>
 #include <vector>
 
@@ -145,6 +146,10 @@ struct DecodePointers {
   void* o = nullptr;
   void* state = nullptr;
 };
+
+// gtest prints a parameterised case by its name.
+inline void PrintTo(const PrefillCase& c, std::ostream* os) { *os << c.name; }
+inline void PrintTo(const DecodeCase& c, std::ostream* os) { *os << c.name; }
 
 // ------------------------------------------------------------------------------------------
 // Random inputs (shared by prefill and decode cases)

@@ -1,0 +1,205 @@
+// The fp32 chunked prefill against the float64 reference, over the case groups of the test
+// library and a sweep of head dims and gates; plus the properties both paths must have:
+// run-to-run bitwise determinism, in-place = out-of-place bit for bit, chunk states equal to
+// the final state of a prefix run.
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "common/cases.h"
+#include "common/host_tensor.h"
+#include "common/prefill_checks.h"
+#include "kdakit/kdakit.h"
+
+namespace kdakit {
+namespace {
+
+using testing::PrefillCase;
+using testing::PrefillTensors;
+using testing::StateSource;
+
+// fp32 accumulation against float64 over chunks of 64 tokens and K <= 128 channels.
+constexpr double kChunkedBar = 1e-5;
+
+void expect_chunked_matches_reference(const PrefillCase& c) {
+  auto rng = testing::make_rng();
+  SCOPED_TRACE(rng.trace());
+  SCOPED_TRACE(c.name);
+  PrefillTensors ref = testing::make_prefill_tensors(c, rng);
+  PrefillTensors got = ref;
+  const Status ref_status = testing::run_prefill_on_host(cpu::prefill_reference, c, ref);
+  ASSERT_TRUE(ref_status.ok()) << ref_status.message();
+  const Status got_status = testing::run_prefill_on_host(cpu::prefill_chunked, c, got);
+  ASSERT_TRUE(got_status.ok()) << got_status.message();
+  testing::expect_prefill_matches(c, got, ref, kChunkedBar);
+}
+
+class ChunkedVsReference : public ::testing::TestWithParam<PrefillCase> {};
+
+TEST_P(ChunkedVsReference, OutputsAndStates) { expect_chunked_matches_reference(GetParam()); }
+
+auto case_name = [](const ::testing::TestParamInfo<PrefillCase>& info) { return info.param.name; };
+
+INSTANTIATE_TEST_SUITE_P(Regular, ChunkedVsReference, ::testing::ValuesIn(testing::prefill_regular_cases()), case_name);
+INSTANTIATE_TEST_SUITE_P(Irregular, ChunkedVsReference, ::testing::ValuesIn(testing::prefill_irregular_cases()),
+                         case_name);
+INSTANTIATE_TEST_SUITE_P(Corner, ChunkedVsReference, ::testing::ValuesIn(testing::prefill_corner_cases()), case_name);
+
+// Head dims K = V in {16, 32, 64, 128} under each gate (vector and scalar), fp32 activations
+// so the fp32 bar applies to the outputs too; lengths straddle chunk boundaries.
+std::vector<PrefillCase> head_dim_sweep() {
+  std::vector<PrefillCase> cases;
+  for (int32_t d : {16, 32, 64, 128}) {
+    const int64_t scale_down = d == 128 ? 2 : 1;  // keep the K = 128 cases short
+    for (GateMode gate : {GateMode::kPrecomputed, GateMode::kSoftplus, GateMode::kLowerBound}) {
+      for (bool scalar : {false, true}) {
+        if (d == 128 && scalar) continue;
+        PrefillCase c{.seq_lens = {129 / scale_down, 0, 70 / scale_down},
+                      .H = 1,
+                      .HV = d <= 32 ? 2 : 1,
+                      .K = d,
+                      .V = d,
+                      .gate = gate,
+                      .lower_bound = -3.f,
+                      .scalar_gate = scalar,
+                      .dtype_qkv = DType::kFloat32,
+                      .l2norm = gate != GateMode::kPrecomputed,
+                      .beta_sigmoid = gate != GateMode::kPrecomputed};
+        c.name = "d" + std::to_string(d) + "_" + to_string(gate) + (scalar ? "_scalar" : "");
+        for (char& ch : c.name) {
+          if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
+        }
+        cases.push_back(c);
+      }
+    }
+  }
+  return cases;
+}
+
+INSTANTIATE_TEST_SUITE_P(HeadDims, ChunkedVsReference, ::testing::ValuesIn(head_dim_sweep()), case_name);
+
+// fp32 everything with initial state, GVA, K != V and K-first: the fp32 bar on every tensor.
+TEST(ChunkedVsReferenceFp32, AllFp32StorageMeetsTheFp32Bar) {
+  for (StateLayout layout : {StateLayout::kVFirst, StateLayout::kKFirst}) {
+    expect_chunked_matches_reference(PrefillCase{.name = "fp32_all", .seq_lens = {200, 1, 64, 65}, .H = 2, .HV = 4,
+                                                 .K = 32, .V = 48, .gate = GateMode::kSoftplus,
+                                                 .dtype_qkv = DType::kFloat32, .dtype_g = DType::kFloat32,
+                                                 .dtype_beta = DType::kFloat32, .layout = layout, .neg_eigval = true,
+                                                 .pad = 1, .chunk_state_interval = 64});
+  }
+}
+
+// ------------------------------------------------------------------------------------------
+// Determinism, in place, chunk states
+// ------------------------------------------------------------------------------------------
+
+using PrefillFn = Status (*)(const PrefillParams&);
+
+struct Backend {
+  const char* name;
+  PrefillFn fn;
+};
+const Backend kBackends[] = {{"reference", cpu::prefill_reference}, {"chunked", cpu::prefill_chunked}};
+
+TEST(PrefillDeterminism, RepeatedRunsAreBitwiseEqual) {
+  auto rng = testing::make_rng();
+  SCOPED_TRACE(rng.trace());
+  const PrefillCase c{.name = "determinism", .seq_lens = {150, 0, 77, 33, 64}, .H = 2, .HV = 4,
+                      .chunk_state_interval = 64};
+  const PrefillTensors inputs = testing::make_prefill_tensors(c, rng);
+  for (const Backend& backend : kBackends) {
+    SCOPED_TRACE(backend.name);
+    PrefillTensors first = inputs;
+    ASSERT_TRUE(testing::run_prefill_on_host(backend.fn, c, first).ok());
+    for (int repeat = 0; repeat < 5; ++repeat) {
+      PrefillTensors again = inputs;
+      ASSERT_TRUE(testing::run_prefill_on_host(backend.fn, c, again).ok());
+      ASSERT_TRUE(testing::storage_equal("o", again.o, first.o));
+      ASSERT_TRUE(testing::storage_equal("final state", again.final_state, first.final_state));
+      ASSERT_TRUE(testing::storage_equal("chunk states", again.chunk_states, first.chunk_states));
+    }
+  }
+}
+
+// In place (initial_state == final_state, same indices) equals writing a separate buffer that
+// started as a copy of the initial one, bit for bit, for dense states and pools.
+TEST(PrefillInPlace, EqualsOutOfPlaceBitwise) {
+  auto rng = testing::make_rng();
+  SCOPED_TRACE(rng.trace());
+  for (StateSource source : {StateSource::kDense, StateSource::kPool}) {
+    for (DType state_dtype : {DType::kFloat32, DType::kBFloat16}) {
+      PrefillCase in_place{.name = "in_place", .seq_lens = {90, 0, 17, 64}, .dtype_state = state_dtype,
+                           .initial = source, .final_state = source, .extra_slots = 4,
+                           .negative_indices = source == StateSource::kPool, .in_place = true};
+      const PrefillTensors inputs = testing::make_prefill_tensors(in_place, rng);
+      PrefillCase out_of_place = in_place;
+      out_of_place.in_place = false;
+      for (const Backend& backend : kBackends) {
+        SCOPED_TRACE(std::string(backend.name) + (source == StateSource::kPool ? " pool " : " dense ") +
+                     to_string(state_dtype));
+        PrefillTensors a = inputs;
+        ASSERT_TRUE(testing::run_prefill_on_host(backend.fn, in_place, a).ok());
+        PrefillTensors b = inputs;
+        b.final_state = b.initial_state;
+        b.final_state_indices = b.initial_state_indices;
+        ASSERT_TRUE(testing::run_prefill_on_host(backend.fn, out_of_place, b).ok());
+        EXPECT_TRUE(testing::storage_equal("state", a.initial_state, b.final_state));
+        EXPECT_TRUE(testing::storage_equal("o", a.o, b.o));
+      }
+    }
+  }
+}
+
+// Chunk entry e of sequence n equals the final state of a run over the sequence's first
+// e * interval tokens (e = 0: the initial state itself, bit for bit). For the chunked path the
+// prefix ends on a chunk boundary, so the two runs do the same arithmetic: bit for bit too.
+TEST(PrefillChunkStates, EqualFinalStatesOfPrefixRuns) {
+  auto rng = testing::make_rng();
+  SCOPED_TRACE(rng.trace());
+  for (int32_t interval : {64, 128}) {
+    const PrefillCase c{.name = "chunk_states", .seq_lens = {200, 0, 64, 129}, .HV = 2, .K = 16, .V = 16,
+                        .dtype_state = interval == 64 ? DType::kFloat32 : DType::kBFloat16,
+                        .initial = StateSource::kPool, .extra_slots = 2, .chunk_state_interval = interval};
+    const PrefillTensors inputs = testing::make_prefill_tensors(c, rng);
+    for (const Backend& backend : kBackends) {
+      SCOPED_TRACE(std::string(backend.name) + " interval " + std::to_string(interval));
+      PrefillTensors full = inputs;
+      ASSERT_TRUE(testing::run_prefill_on_host(backend.fn, c, full).ok());
+      int64_t entry = 0;
+      int64_t begin = 0;
+      for (size_t n = 0; n < c.seq_lens.size(); ++n) {
+        const int64_t length = c.seq_lens[n];
+        for (int64_t e = 0; e * interval < length; ++e, ++entry) {
+          // Prefix run: the same pool, sequence n cut to its first e * interval tokens. cu is
+          // {0, begin, ..., begin, begin + e * interval, ...}: sequence 0 absorbs the tokens
+          // before `begin` (its result is not looked at), the ones after n are empty.
+          PrefillCase prefix = c;
+          prefix.chunk_state_interval = 0;
+          PrefillTensors run = inputs;
+          run.chunk_states = testing::HostTensor();
+          for (size_t m = 1; m <= c.seq_lens.size(); ++m) {
+            run.cu_seqlens.set(int64_t(m), double(m <= n ? begin : begin + e * interval));
+          }
+          run.final_state.poison();
+          ASSERT_TRUE(testing::run_prefill_on_host(backend.fn, prefix, run).ok());
+          for (int32_t h = 0; h < c.HV; ++h) {
+            for (int64_t a = 0; a < c.V; ++a) {
+              for (int64_t b = 0; b < c.K; ++b) {
+                const double want = run.final_state.at({int64_t(n), h, a, b});
+                const double have = full.chunk_states.at({entry, h, a, b});
+                ASSERT_EQ(want, have) << "sequence " << n << " entry " << e << " head " << h;
+              }
+            }
+          }
+        }
+        begin += length;
+      }
+      EXPECT_EQ(entry, full.chunk_states.shape[0]);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace kdakit
