@@ -227,8 +227,10 @@ def fused_recurrent_kda(
     r"""Token-serial KDA (decode) with FLA's ``fused_recurrent_kda`` signature, plus the serving
     arguments of FLA's ``fused_recurrent_kda_fwd`` as keywords.
 
-    Same recurrence, flags, gate choice and shapes as ``chunk_kda`` (A_log ``[HV]`` and dt_bias
-    ``[HV * K]`` / ``[HV, K]`` are positional here, as in FLA); ``beta`` must be ``[B, T, HV]``.
+    Same recurrence, flags and gate choice as ``chunk_kda``: q, k ``[B, T, H, K]``; v
+    ``[B, T, HV, V]``; g ``[B, T, HV, K]``; beta ``[B, T, HV]`` (FLA's per-channel
+    ``[B, T, HV, V]`` beta is not supported); A_log ``[HV]`` and dt_bias ``[HV * K]`` /
+    ``[HV, K]`` (float32) are positional here, as in FLA; o ``[B, T, HV, V]`` in v's dtype.
 
     Dense mode (no ``ssm_state_indices``): ``initial_state`` ``[N, HV, K, V]`` (``[N, HV, V, K]``
     with ``state_v_first``) or None; returns ``(o, final_state)`` with a new float32 final state

@@ -92,7 +92,7 @@ class PrefillCase:
 @dataclass(frozen=True)
 class DecodeCase:
     """One decode problem: ``batch`` sequences of ``tokens`` tokens over a state pool of
-    ``num_slots`` slots (default 2 * batch + 1, slots drawn without repetition). ``spec`` > 0
+    ``num_slots`` slots (default 2 * batch * (1 + spec) + 1, slots drawn without repetition). ``spec`` > 0
     makes state_indices [N, 1 + spec] with num_accepted_tokens (speculative decoding);
     ``padding_rows`` rows get slot -1."""
 
@@ -129,7 +129,7 @@ class DecodeCase:
 
     @property
     def slots(self) -> int:
-        return self.num_slots or 2 * self.batch + 1
+        return self.num_slots or 2 * self.batch * (1 + self.spec) + 1
 
     def label(self) -> str:
         heads = f"H={self.H}" + (f"/HV={self.HV}" if self.HV and self.HV != self.H else "")

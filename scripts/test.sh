@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Every test on a fresh machine: GoogleTest from apt if missing, a virtual environment with
+# pinned Python packages, a CMake build of the library, kernels (when nvcc exists), extension
+# and tests, then CTest (GoogleTest suites and the pytest suite; GPU tests skip without a GPU).
+set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
+
+if ! dpkg -s libgtest-dev >/dev/null 2>&1; then
+  sudo_cmd=""
+  [ "$(id -u)" -eq 0 ] || sudo_cmd="sudo"
+  $sudo_cmd apt-get update -q
+  DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -q libgtest-dev
+fi
+
+kdakit_venv .venv-test
+"$py" -m pip install -q --disable-pip-version-check -r scripts/requirements-test.txt
+
+build_dir="${KDAKIT_BUILD_DIR:-build-test}"
+cmake -S . -B "$build_dir" -DCMAKE_BUILD_TYPE=Release -DKDAKIT_BUILD_TESTS=ON \
+  -DKDAKIT_BUILD_PYTHON=ON -DPython3_EXECUTABLE="$py" -DPython_EXECUTABLE="$py"
+cmake --build "$build_dir" -j"$(nproc)"
+ctest --test-dir "$build_dir" --output-on-failure -j"$(nproc)"
