@@ -7,8 +7,7 @@ set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 
 # --system-site-packages: an installed torch (and FLA/FlashKDA, the benchmark peers) stays visible.
-kdakit_venv .venv-bench --system-site-packages
-"$py" -m pip install -q --disable-pip-version-check scikit-build-core==0.11.6 nanobind==2.9.2 numpy
-"$py" -m pip install -q --disable-pip-version-check --no-build-isolation .
+kdakit_venv .venv-bench scripts/requirements-bench.txt --system-site-packages
+PATH="$venv_bin:$PATH" "$py" -m pip install -q --disable-pip-version-check --no-build-isolation .
 cd /tmp  # import the installed package, not the source tree
 exec "$py" -m kdakit bench "$@"

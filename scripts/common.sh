@@ -9,13 +9,17 @@ if ! command -v nvcc >/dev/null 2>&1 && [ -x /usr/local/cuda/bin/nvcc ]; then
   export PATH="/usr/local/cuda/bin:$PATH"
 fi
 
-# kdakit_venv DIR [extra venv args]: create DIR if needed; sets $py to its interpreter.
+# kdakit_venv DIR REQUIREMENTS [extra venv args]: create the virtual environment DIR if needed
+# and install the pinned packages of REQUIREMENTS, then the CUTLASS headers package (last and
+# without its dependencies: only its headers are read). Sets $py and $venv_bin.
 kdakit_venv() {
-  local dir="$1"
-  shift
+  local dir="$1" requirements="$2"
+  shift 2
   if [ ! -x "$dir/bin/python" ]; then
     "${KDAKIT_PYTHON:-python3}" -m venv "$@" "$dir"
   fi
-  py="$kdakit_root/$dir/bin/python"
-  "$py" -m pip install -q --disable-pip-version-check nvidia-cutlass==4.2.0.0 --no-deps
+  venv_bin="$kdakit_root/$dir/bin"
+  py="$venv_bin/python"
+  "$py" -m pip install -q --disable-pip-version-check -r "$requirements"
+  "$py" -m pip install -q --disable-pip-version-check --no-deps nvidia-cutlass==4.2.0.0
 }

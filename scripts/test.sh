@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Every test on a fresh machine: GoogleTest from apt if missing, a virtual environment with
-# pinned Python packages, a CMake build of the library, kernels (when nvcc exists), extension
-# and tests, then CTest (GoogleTest suites and the pytest suite; GPU tests skip without a GPU).
+# pinned Python packages (cmake included), a CMake build of the library, kernels (when nvcc
+# exists), extension and tests, then CTest (the GoogleTest suites and the pytest suite; GPU
+# tests skip without a GPU).
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 
@@ -12,11 +13,10 @@ if ! dpkg -s libgtest-dev >/dev/null 2>&1; then
   DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -q libgtest-dev
 fi
 
-kdakit_venv .venv-test
-"$py" -m pip install -q --disable-pip-version-check -r scripts/requirements-test.txt
+kdakit_venv .venv-test scripts/requirements-test.txt
 
 build_dir="${KDAKIT_BUILD_DIR:-build-test}"
-cmake -S . -B "$build_dir" -DCMAKE_BUILD_TYPE=Release -DKDAKIT_BUILD_TESTS=ON \
+"$venv_bin/cmake" -S . -B "$build_dir" -DCMAKE_BUILD_TYPE=Release -DKDAKIT_BUILD_TESTS=ON \
   -DKDAKIT_BUILD_PYTHON=ON -DPython3_EXECUTABLE="$py" -DPython_EXECUTABLE="$py"
-cmake --build "$build_dir" -j"$(nproc)"
-ctest --test-dir "$build_dir" --output-on-failure -j"$(nproc)"
+"$venv_bin/cmake" --build "$build_dir" -j"$(nproc)"
+"$venv_bin/ctest" --test-dir "$build_dir" --output-on-failure -j"$(nproc)"
