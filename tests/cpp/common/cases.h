@@ -522,6 +522,7 @@ inline std::vector<PrefillCase> prefill_irregular_cases() {
       {.name = "strided_views", .seq_lens = {29, 100}, .H = 2, .HV = 4, .pad = 3},
       {.name = "bf16_state", .seq_lens = {100, 3}, .dtype_state = DType::kBFloat16},
       {.name = "k_neq_v", .seq_lens = {70}, .K = 16, .V = 64},
+      {.name = "fp16_gate_and_beta", .seq_lens = {66, 2}, .dtype_g = DType::kFloat16, .dtype_beta = DType::kFloat16},
   };
 }
 

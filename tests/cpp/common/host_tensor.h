@@ -6,6 +6,10 @@
 // is one memcpy of `bytes` and the device pointer plays the role of data(). Strides are in
 // elements, as in PrefillParams/DecodeParams. Padded views (padded()) leave gaps after every
 // dim, so a kernel that ignores a stride reads or writes the wrong place.
+//
+// Namespace: kdakit::testing. Inside namespace kdakit, `testing::` names this library and
+// `::testing::` GoogleTest; at global scope, `using namespace kdakit` makes `testing::`
+// ambiguous, so write `kdakit::testing::` (or a namespace alias) there.
 #pragma once
 
 #include <cmath>

@@ -211,5 +211,44 @@ TEST(PrefillContract, OutOfRangePoolIndicesActLikeNegativeOnes) {
   }
 }
 
+// A fixed batch with T = 0: every sequence is empty, so final = initial bit for bit.
+TEST(PrefillContract, ZeroLengthFixedBatchCopiesTheStates) {
+  auto rng = testing::make_rng();
+  SCOPED_TRACE(rng.trace());
+  const PrefillCase c{.name = "t0", .batch = 3, .seqlen = 0, .dtype_state = DType::kBFloat16};
+  const PrefillTensors inputs = testing::make_prefill_tensors(c, rng);
+  for (const Backend& backend : kBackends) {
+    SCOPED_TRACE(backend.name);
+    PrefillTensors t = inputs;
+    ASSERT_TRUE(testing::run_prefill_on_host(backend.fn, c, t).ok());
+    EXPECT_TRUE(testing::bitwise_equal("final state", t.final_state, inputs.initial_state));
+  }
+}
+
+// Chunk-state entries at or past num_chunk_states are not written (packed batches whose count
+// the caller bounds without reading cu_seqlens); the ones below are unaffected.
+TEST(PrefillContract, ChunkStatesStopAtTheCapacity) {
+  auto rng = testing::make_rng();
+  SCOPED_TRACE(rng.trace());
+  const PrefillCase c{.name = "capacity", .seq_lens = {130, 70, 64}, .chunk_state_interval = 64};
+  const PrefillTensors inputs = testing::make_prefill_tensors(c, rng);
+  const int64_t count = inputs.chunk_states.shape[0];  // 3 + 2 + 1
+  ASSERT_EQ(count, 6);
+  for (const Backend& backend : kBackends) {
+    SCOPED_TRACE(backend.name);
+    PrefillTensors full = inputs;
+    ASSERT_TRUE(testing::run_prefill_on_host(backend.fn, c, full).ok());
+    PrefillTensors capped = inputs;
+    PrefillParams p = testing::fill_prefill_params(c, capped, testing::host_pointers(capped));
+    p.num_chunk_states = count - 2;
+    ASSERT_TRUE(backend.fn(p).ok());
+    for (int64_t e = 0; e < count; ++e) {
+      EXPECT_TRUE(slots_bitwise_equal(capped.chunk_states, e, e < count - 2 ? full.chunk_states : inputs.chunk_states, e))
+          << "entry " << e;
+    }
+    EXPECT_TRUE(testing::storage_equal("o", capped.o, full.o));
+  }
+}
+
 }  // namespace
 }  // namespace kdakit
