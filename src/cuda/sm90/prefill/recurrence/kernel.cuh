@@ -1,0 +1,588 @@
+// kda_prefill_recurrence_sm90_kernel: the chunk-serial half of the chunked KDA prefill.
+//
+// Math (per sequence n, value head h, chunk of 64 tokens; workspace.h defines the inputs):
+//   S^T is the transposed state (V x K, value rows v, key channels k), kept in fp32 registers.
+//   U^T = U0^T - S0^T W^T                      [V x 64]   (the chain's first product)
+//   O^T = S0^T Qt^T + U^T M^T                  [V x 64]   (output, off the chain)
+//   S^T = S0^T diag(decay) + U^T Kh            [V x K]    (the chain's second product)
+// with Qt, W, Kh [64 tokens][128 keys] bf16, M [64][64] bf16 (lower triangular), U0 [64][128]
+// fp32 and decay [128] fp32 read from the chunk block (c, h) of the workspace. S0^T and U^T
+// are rounded to bf16 only as MMA operands; the master state stays fp32 in registers from the
+// first chunk to the last, whatever the storage dtype of the initial/final state.
+//
+// Grid: (sequence n, value head h, value slice z); the CTA owns value rows
+// [z * kValueRows, (z + 1) * kValueRows). Value rows never mix, so the split is exact, and each
+// CTA reads its slice of the initial state before it writes the same slice of the final state:
+// in-place state updates are exact.
+//
+// Warps: kConsumerWarps = kValueRows / 16, all alike. Each owns 16 value rows x 128 key
+//   channels of S^T as 16 m16n8 fp32 accumulator tiles (64 registers per thread). The
+//   accumulator layout of two neighbouring n-tiles is the A-operand layout of one k16 step, so
+//   S0^T and U^T feed the next product from registers. B operands come from shared memory
+//   through ldmatrix (.trans for Kh, whose rows are the k dimension of U^T Kh). Thread 0 also
+//   issues the TMA loads.
+// Pipeline: stage s = j % 2 holds chunk j; full[s] completes when its bytes landed (TMA
+// transaction count), empty[s] when every warp has read it; thread 0 then loads chunk j + 2
+// into it, so each load has a whole chunk of compute to land. Per chunk and warp: 64 + 64 MMAs
+// (W, Qt against S0), 128 (Kh against U as bf16 hi + lo), 20 (M against U, upper blocks skipped).
+//
+// Shared memory (config.h): per stage Qt/W/Kh 48 KiB + M 8 KiB (128B-swizzled, so the 8 rows of
+// each ldmatrix hit distinct banks) + U0 slice [64][kValueRows] fp32 + decay; per consumer warp
+// an output staging tile; the barriers.
+#pragma once
+
+#include <cuda.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+#include <cudaTypedefs.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <string>
+
+#include "cuda/sm90/prefill/recurrence/config.h"
+#include "cuda/sm90/prefill/recurrence/launch.h"
+#include "cuda/sm90/prefill/recurrence/ptx.cuh"
+
+namespace kdakit::sm90::prefill::recurrence {
+
+// Kernel-side parameters, derived from PrefillParams by the launcher.
+struct KernelParams {
+  const int32_t* chunk_offsets;  // [N + 1] plan region
+  const int64_t* seq_start;      // [N]
+  const int32_t* seq_len;        // [N]
+  const uint8_t* chunk_blocks;   // [max_chunks, HV] blocks of kChunkBlockBytes
+  int64_t max_chunks;
+  int32_t num_v_heads;
+  bool packed;                   // cu_seqlens given: every sequence lives in batch row 0
+
+  __nv_bfloat16* o;              // [B, T, HV, V]
+  int64_t stride_o_b, stride_o_t, stride_o_h;
+  bool o_vec16;                  // o rows are 16-byte aligned: 16-byte stores
+
+  const void* initial_state;              // [slots, HV, state], nullable
+  const int32_t* initial_state_indices;   // [N], nullable
+  int64_t stride_initial_state_n;
+  void* final_state;                      // [slots, HV, state], nullable
+  const int32_t* final_state_indices;     // [N], nullable
+  int64_t stride_final_state_n;
+  int64_t num_state_slots;
+  void* chunk_states;                     // [num_chunk_states, HV, state], nullable
+  int64_t num_chunk_states;
+  int32_t chunk_state_interval;           // multiple of 64 when chunk_states is set
+  bool state_bf16;
+  bool k_first;
+  bool state_pairs;  // two neighbouring key channels of a V-first state are one aligned load
+};
+
+struct TmaParams {
+  CUtensorMap qwk;  // bf16 [blocks][192 rows = Qt|W|Kh][128], box 64 cols x 192 rows, 128B swizzle
+  CUtensorMap m;    // bf16 [blocks][64][64], box 64 x 64, 128B swizzle
+  CUtensorMap u0;   // fp32 [blocks][64][128], box kValueRows x 64, no swizzle
+};
+
+// ---- state fragments ------------------------------------------------------------------------
+// Thread (group, quad) of a warp owning value rows vrow .. vrow + 15 holds, in tile j (key
+// channels 8 j .. 8 j + 7): S^T[vrow + group][8 j + 2 quad + {0, 1}] in c0, c1 and the same
+// for vrow + group + 8 in c2, c3.
+__device__ __forceinline__ void load_state(float (&s)[16][4], const void* base, int vrow, int quad,
+                                           const KernelParams& p) {
+  #pragma unroll
+  for (int j = 0; j < 16; ++j) {
+    #pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int v = vrow + 8 * half;
+      const int k = 8 * j + 2 * quad;
+      float x0, x1;
+      if (p.k_first) {
+        const int64_t i0 = int64_t(k) * kHeadDim + v, i1 = i0 + kHeadDim;
+        if (p.state_bf16) {
+          x0 = __bfloat162float(static_cast<const __nv_bfloat16*>(base)[i0]);
+          x1 = __bfloat162float(static_cast<const __nv_bfloat16*>(base)[i1]);
+        } else {
+          x0 = static_cast<const float*>(base)[i0];
+          x1 = static_cast<const float*>(base)[i1];
+        }
+      } else {
+        const int64_t i0 = int64_t(v) * kHeadDim + k;
+        if (p.state_bf16) {
+          const __nv_bfloat16* b = static_cast<const __nv_bfloat16*>(base) + i0;
+          if (p.state_pairs) {
+            const __nv_bfloat162 pair = *reinterpret_cast<const __nv_bfloat162*>(b);
+            x0 = __low2float(pair);
+            x1 = __high2float(pair);
+          } else {
+            x0 = __bfloat162float(b[0]);
+            x1 = __bfloat162float(b[1]);
+          }
+        } else {
+          const float* f = static_cast<const float*>(base) + i0;
+          if (p.state_pairs) {
+            const float2 pair = *reinterpret_cast<const float2*>(f);
+            x0 = pair.x;
+            x1 = pair.y;
+          } else {
+            x0 = f[0];
+            x1 = f[1];
+          }
+        }
+      }
+      s[j][2 * half] = x0;
+      s[j][2 * half + 1] = x1;
+    }
+  }
+}
+
+__device__ __forceinline__ void store_state(const float (&s)[16][4], void* base, int vrow, int quad,
+                                            const KernelParams& p) {
+  #pragma unroll
+  for (int j = 0; j < 16; ++j) {
+    #pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int v = vrow + 8 * half;
+      const int k = 8 * j + 2 * quad;
+      const float x0 = s[j][2 * half], x1 = s[j][2 * half + 1];
+      if (p.k_first) {
+        const int64_t i0 = int64_t(k) * kHeadDim + v, i1 = i0 + kHeadDim;
+        if (p.state_bf16) {
+          static_cast<__nv_bfloat16*>(base)[i0] = __float2bfloat16_rn(x0);
+          static_cast<__nv_bfloat16*>(base)[i1] = __float2bfloat16_rn(x1);
+        } else {
+          static_cast<float*>(base)[i0] = x0;
+          static_cast<float*>(base)[i1] = x1;
+        }
+      } else {
+        const int64_t i0 = int64_t(v) * kHeadDim + k;
+        if (p.state_bf16) {
+          __nv_bfloat16* b = static_cast<__nv_bfloat16*>(base) + i0;
+          if (p.state_pairs) {
+            *reinterpret_cast<__nv_bfloat162*>(b) = __floats2bfloat162_rn(x0, x1);
+          } else {
+            b[0] = __float2bfloat16_rn(x0);
+            b[1] = __float2bfloat16_rn(x1);
+          }
+        } else {
+          float* f = static_cast<float*>(base) + i0;
+          if (p.state_pairs) {
+            *reinterpret_cast<float2*>(f) = make_float2(x0, x1);
+          } else {
+            f[0] = x0;
+            f[1] = x1;
+          }
+        }
+      }
+    }
+  }
+}
+
+// Address of one (slot, head) state: `elements` counted in the storage dtype.
+__device__ __forceinline__ void* state_at(void* base, int64_t elements, bool bf16) {
+  return static_cast<uint8_t*>(base) + elements * (bf16 ? 2 : 4);
+}
+
+// ---- swizzled shared-memory addresses ---------------------------------------------------------
+// Qt/W/Kh tile: two halves [192 rows][64 cols] bf16; 16-byte chunk c of row r sits at chunk
+// c ^ (r % 8) (the TMA 128B swizzle; tile base 1024-byte aligned).
+__device__ __forceinline__ uint32_t qwk_addr(uint32_t base, int row, int chunk16) {
+  constexpr uint32_t kHalfBytes = 3 * kChunk * 128;
+  return base + uint32_t(chunk16 >> 3) * kHalfBytes + uint32_t(row) * 128u +
+         uint32_t(((chunk16 & 7) ^ (row & 7)) << 4);
+}
+__device__ __forceinline__ uint32_t m_addr(uint32_t base, int row, int chunk16) {
+  return base + uint32_t(row) * 128u + uint32_t(((chunk16 & 7) ^ (row & 7)) << 4);
+}
+
+// ---- the kernel -------------------------------------------------------------------------------
+template <int kValueRows>
+__global__ void __launch_bounds__(Config<kValueRows>::kThreads) __maxnreg__(Config<kValueRows>::kMaxRegisters)
+    kda_prefill_recurrence_sm90_kernel(const __grid_constant__ KernelParams p,
+                                       const __grid_constant__ TmaParams tma) {
+  using Cfg = Config<kValueRows>;
+  using Smem = typename Cfg::SharedMemoryPlan;
+  constexpr int kStages = Cfg::kStages;
+
+  extern __shared__ uint8_t smem_raw[];
+  uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+  uint64_t* full = reinterpret_cast<uint64_t*>(smem + Smem::kBarrierOffset);
+  uint64_t* empty = full + kStages;
+
+  const int n = blockIdx.x;
+  const int h = blockIdx.y;
+  const int v0 = blockIdx.z * kValueRows;
+  const int warp = threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  const int HV = p.num_v_heads;
+
+  // NOTE: plan values are device data: clamp them so that no load leaves the workspace.
+  int chunk_begin = p.chunk_offsets[n];
+  int num_chunks = p.chunk_offsets[n + 1] - chunk_begin;
+  chunk_begin = max(0, min(chunk_begin, int(p.max_chunks)));
+  num_chunks = max(0, min(num_chunks, int(p.max_chunks) - chunk_begin));
+
+  if (threadIdx.x == 0) {
+    #pragma unroll
+    for (int s = 0; s < kStages; ++s) {
+      ptx::mbarrier_init(&full[s], 1);
+      ptx::mbarrier_init(&empty[s], Cfg::kConsumerWarps);
+    }
+    ptx::fence_barrier_init();
+  }
+  __syncthreads();
+
+  // Issues the TMA loads of chunk j into stage j % kStages (one lane of warp 0).
+  auto issue_chunk = [&](int j) {
+    const int s = j % kStages;
+    uint8_t* stage = smem + s * Smem::kStageBytes;
+    const int block = (chunk_begin + j) * HV + h;
+    ptx::mbarrier_arrive_expect_tx(&full[s], Smem::kStageTxBytes);
+    ptx::tma_load_3d(stage + Smem::kQwkOffset, &tma.qwk, &full[s], 0, 0, block);
+    ptx::tma_load_3d(stage + Smem::kQwkOffset + Smem::kQwkBytes / 2, &tma.qwk, &full[s], 64, 0, block);
+    ptx::tma_load_3d(stage + Smem::kMOffset, &tma.m, &full[s], 0, 0, block);
+    ptx::tma_load_3d(stage + Smem::kU0Offset, &tma.u0, &full[s], v0, 0, block);
+    ptx::bulk_load(stage + Smem::kDecayOffset,
+                   p.chunk_blocks + size_t(block) * kChunkBlockBytes + ChunkBlockLayout::kDecayOffset,
+                   uint32_t(Smem::kDecayBytes), &full[s]);
+  };
+  const bool is_issuer = threadIdx.x == 0;
+  if (is_issuer && num_chunks > 0) {
+    ptx::prefetch_tensormap(&tma.qwk);
+    ptx::prefetch_tensormap(&tma.m);
+    ptx::prefetch_tensormap(&tma.u0);
+    for (int j = 0; j < min(kStages, num_chunks); ++j) issue_chunk(j);
+  }
+
+  // ================================ every warp: 16 value rows ================================
+  const int group = lane / 4;
+  const int quad = lane % 4;
+  const int vrow = v0 + warp * 16 + group;  // value row of c0/c1 (c2/c3: vrow + 8)
+  const int64_t head_elems = int64_t(h) * kHeadDim * kHeadDim;
+
+  float state[16][4];
+  {
+    const void* init = nullptr;
+    if (p.initial_state != nullptr) {
+      int64_t slot = n;
+      if (p.initial_state_indices != nullptr) slot = p.initial_state_indices[n];
+      if (slot >= 0 && slot < p.num_state_slots)
+        init = state_at(const_cast<void*>(p.initial_state), slot * p.stride_initial_state_n + head_elems,
+                        p.state_bf16);
+    }
+    if (init != nullptr) {
+      load_state(state, init, vrow, quad, p);
+    } else {
+      #pragma unroll
+      for (int j = 0; j < 16; ++j) state[j][0] = state[j][1] = state[j][2] = state[j][3] = 0.f;
+    }
+  }
+
+  const int seq_len = p.seq_len[n];
+  const int64_t seq_start = p.seq_start[n];
+  __nv_bfloat16* o_seq = p.o + (p.packed ? 0 : int64_t(n) * p.stride_o_b) + seq_start * p.stride_o_t +
+                         int64_t(h) * p.stride_o_h + v0 + warp * 16;
+
+  // First chunk-state entry of this sequence: sum over earlier sequences of ceil(len / interval).
+  int64_t chunk_state_base = 0;
+  const int chunks_per_state = p.chunk_states != nullptr ? p.chunk_state_interval / kChunk : 0;
+  if (chunks_per_state > 0) {
+    for (int m = lane; m < n; m += 32) {
+      const int len = max(p.seq_len[m], 0);
+      chunk_state_base += (len + p.chunk_state_interval - 1) / p.chunk_state_interval;
+    }
+    #pragma unroll
+    for (int off = 16; off > 0; off /= 2) chunk_state_base += __shfl_xor_sync(0xffffffffu, chunk_state_base, off);
+  }
+
+  // Per-lane ldmatrix row/column parts (see ptx.cuh for the fragment layouts).
+  //   non-transposed B ([n][k] in smem): matrix i = lane / 8 covers n rows + 8 (i / 2), k chunk + (i % 2)
+  //   transposed B ([k][n] in smem):     matrix i covers k rows + 8 (i % 2), n chunk + (i / 2)
+  const int ld_row = (lane % 8) + 8 * (lane / 16);
+  const int ld_chunk = (lane / 8) % 2;
+  const int ldt_row = (lane % 8) + 8 * ((lane / 8) % 2);
+  const int ldt_chunk = lane / 16;
+
+  uint8_t* o_stage = smem + Smem::kOOffset + warp * Smem::kOWarpBytes;
+  __nv_bfloat16* o_tile = reinterpret_cast<__nv_bfloat16*>(o_stage);
+
+  for (int j = 0; j < num_chunks; ++j) {
+    // ---- chunk state before chunk j (prefix caching)
+    if (chunks_per_state > 0 && j % chunks_per_state == 0) {
+      const int64_t entry = chunk_state_base + j / chunks_per_state;
+      if (entry < p.num_chunk_states)
+        store_state(state, state_at(p.chunk_states, (entry * HV) * kHeadDim * kHeadDim + head_elems, p.state_bf16),
+                    vrow, quad, p);
+    }
+
+    const int s = j % kStages;
+    ptx::mbarrier_wait(&full[s], (j / kStages) & 1);
+    const uint8_t* stage = smem + s * Smem::kStageBytes;
+    const uint32_t qwk_base = ptx::smem_addr(stage + Smem::kQwkOffset);
+    const uint32_t qt_base = qwk_base;                 // rows 0 .. 63
+    const uint32_t w_base = qwk_base + kChunk * 128;   // rows 64 .. 127
+    const uint32_t kh_base = qwk_base + 2 * kChunk * 128;
+    const uint32_t m_base = ptx::smem_addr(stage + Smem::kMOffset);
+    const float* u0 = reinterpret_cast<const float*>(stage + Smem::kU0Offset);
+    const float* decay = reinterpret_cast<const float*>(stage + Smem::kDecayOffset);
+
+    // ---- acc_u = -U0^T; it becomes W S0 - U0 = -U^T below
+    float acc_u[8][4];
+    float acc_o[8][4];
+    #pragma unroll
+    for (int t = 0; t < 8; ++t) {
+      const int tok = 8 * t + 2 * quad;
+      const int col = warp * 16 + group;
+      acc_u[t][0] = -u0[tok * kValueRows + col];
+      acc_u[t][1] = -u0[(tok + 1) * kValueRows + col];
+      acc_u[t][2] = -u0[tok * kValueRows + col + 8];
+      acc_u[t][3] = -u0[(tok + 1) * kValueRows + col + 8];
+      acc_o[t][0] = acc_o[t][1] = acc_o[t][2] = acc_o[t][3] = 0.f;
+    }
+
+    // ---- acc_u += S0^T W^T, acc_o += S0^T Qt^T (k = key channels, n = tokens)
+    #pragma unroll
+    for (int ks = 0; ks < 8; ++ks) {
+      const uint32_t a[4] = {ptx::pack_bf16(state[2 * ks][0], state[2 * ks][1]),
+                             ptx::pack_bf16(state[2 * ks][2], state[2 * ks][3]),
+                             ptx::pack_bf16(state[2 * ks + 1][0], state[2 * ks + 1][1]),
+                             ptx::pack_bf16(state[2 * ks + 1][2], state[2 * ks + 1][3])};
+      #pragma unroll
+      for (int tp = 0; tp < 4; ++tp) {
+        uint32_t b[4];
+        ptx::ldmatrix_x4(b, qwk_addr(w_base, 16 * tp + ld_row, 2 * ks + ld_chunk));
+        ptx::mma_bf16_16816(acc_u[2 * tp], a, b[0], b[1]);
+        ptx::mma_bf16_16816(acc_u[2 * tp + 1], a, b[2], b[3]);
+        ptx::ldmatrix_x4(b, qwk_addr(qt_base, 16 * tp + ld_row, 2 * ks + ld_chunk));
+        ptx::mma_bf16_16816(acc_o[2 * tp], a, b[0], b[1]);
+        ptx::mma_bf16_16816(acc_o[2 * tp + 1], a, b[2], b[3]);
+      }
+    }
+
+    // ---- U^T as bf16 A fragments (k = tokens): ua = bf16(U), ua_lo = bf16(U - ua).
+    // NOTE: the state update uses ua + ua_lo (16 mantissa bits): with U rounded to bf16 alone the
+    // fp32 final state drifts to ~2.1e-3 rel. L2 over 256 tokens (the bar is 2e-3); the bf16
+    // workspace by itself accounts for ~1.3e-3. The output keeps ua only (its bar is 4e-3).
+    uint32_t ua[4][4], ua_lo[4][4];
+    #pragma unroll
+    for (int ts = 0; ts < 4; ++ts) {
+      ptx::split_bf16(-acc_u[2 * ts][0], -acc_u[2 * ts][1], ua[ts][0], ua_lo[ts][0]);
+      ptx::split_bf16(-acc_u[2 * ts][2], -acc_u[2 * ts][3], ua[ts][1], ua_lo[ts][1]);
+      ptx::split_bf16(-acc_u[2 * ts + 1][0], -acc_u[2 * ts + 1][1], ua[ts][2], ua_lo[ts][2]);
+      ptx::split_bf16(-acc_u[2 * ts + 1][2], -acc_u[2 * ts + 1][3], ua[ts][3], ua_lo[ts][3]);
+    }
+
+    // ---- O^T += U^T M^T (k = source tokens s, n = target tokens r); M[r][s] = 0 for s > r,
+    // so blocks with ts > tp are skipped.
+    #pragma unroll
+    for (int tp = 0; tp < 4; ++tp) {
+      #pragma unroll
+      for (int ts = 0; ts <= tp; ++ts) {
+        uint32_t b[4];
+        ptx::ldmatrix_x4(b, m_addr(m_base, 16 * tp + ld_row, 2 * ts + ld_chunk));
+        ptx::mma_bf16_16816(acc_o[2 * tp], ua[ts], b[0], b[1]);
+        ptx::mma_bf16_16816(acc_o[2 * tp + 1], ua[ts], b[2], b[3]);
+      }
+    }
+
+    // ---- O: fragments -> staging tile [64 tokens][16 value rows] (frees acc_o before the state
+    // update; written to global rows of 32 bytes below)
+    #pragma unroll
+    for (int t = 0; t < 8; ++t) {
+      const int tok = 8 * t + 2 * quad;
+      o_tile[tok * Smem::kOPitch + group] = __float2bfloat16_rn(acc_o[t][0]);
+      o_tile[(tok + 1) * Smem::kOPitch + group] = __float2bfloat16_rn(acc_o[t][1]);
+      o_tile[tok * Smem::kOPitch + group + 8] = __float2bfloat16_rn(acc_o[t][2]);
+      o_tile[(tok + 1) * Smem::kOPitch + group + 8] = __float2bfloat16_rn(acc_o[t][3]);
+    }
+
+    // ---- S^T = S0^T diag(decay) + U^T Kh (k = tokens, n = key channels)
+    #pragma unroll
+    for (int t = 0; t < 16; ++t) {
+      const float2 d = *reinterpret_cast<const float2*>(decay + 8 * t + 2 * quad);
+      state[t][0] *= d.x;
+      state[t][1] *= d.y;
+      state[t][2] *= d.x;
+      state[t][3] *= d.y;
+    }
+    #pragma unroll
+    for (int ts = 0; ts < 4; ++ts) {
+      #pragma unroll
+      for (int np = 0; np < 8; ++np) {
+        uint32_t b[4];
+        ptx::ldmatrix_x4_trans(b, qwk_addr(kh_base, 16 * ts + ldt_row, 2 * np + ldt_chunk));
+        ptx::mma_bf16_16816(state[2 * np], ua_lo[ts], b[0], b[1]);
+        ptx::mma_bf16_16816(state[2 * np + 1], ua_lo[ts], b[2], b[3]);
+        ptx::mma_bf16_16816(state[2 * np], ua[ts], b[0], b[1]);
+        ptx::mma_bf16_16816(state[2 * np + 1], ua[ts], b[2], b[3]);
+      }
+    }
+
+    // Every read of this stage is done: release it; the issuer refills it with chunk j + kStages
+    // once all warps have released it (a chunk ahead of its use).
+    __syncwarp();
+    if (lane == 0) ptx::mbarrier_arrive(&empty[s]);
+    if (is_issuer && j + kStages < num_chunks) {
+      ptx::mbarrier_wait(&empty[s], (j / kStages) & 1);
+      issue_chunk(j + kStages);
+    }
+
+    __syncwarp();
+    const int valid = min(kChunk, seq_len - j * kChunk);
+    __nv_bfloat16* o_chunk = o_seq + int64_t(j) * kChunk * p.stride_o_t;
+    if (p.o_vec16) {
+      #pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int tok = 16 * i + lane / 2;
+        const int col = 8 * (lane % 2);
+        if (tok < valid)
+          *reinterpret_cast<uint4*>(o_chunk + tok * p.stride_o_t + col) =
+              *reinterpret_cast<const uint4*>(o_tile + tok * Smem::kOPitch + col);
+      }
+    } else {
+      #pragma unroll 4
+      for (int i = 0; i < 32; ++i) {
+        const int tok = 2 * i + lane / 16;
+        const int col = lane % 16;
+        if (tok < valid) o_chunk[tok * p.stride_o_t + col] = o_tile[tok * Smem::kOPitch + col];
+      }
+    }
+    __syncwarp();
+  }
+
+  // ---- final state (also for an empty sequence: the initial state passes through bit for bit)
+  if (p.final_state != nullptr) {
+    int64_t slot = n;
+    if (p.final_state_indices != nullptr) slot = p.final_state_indices[n];
+    if (slot >= 0 && slot < p.num_state_slots)
+      store_state(state, state_at(p.final_state, slot * p.stride_final_state_n + head_elems, p.state_bf16), vrow,
+                  quad, p);
+  }
+}
+
+// ---- host launcher ------------------------------------------------------------------------------
+inline Status cuda_status(cudaError_t err, const char* what, int line) {
+  return Status(StatusCode::kCudaError, std::string("recurrence/kernel.cuh:") + std::to_string(line) + ": " + what +
+                                            ": " + cudaGetErrorString(err));
+}
+
+// cuTensorMapEncodeTiled from the driver, looked up once (no libcuda link needed).
+inline PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
+  static PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
+    void* ptr = nullptr;
+    cudaDriverEntryPointQueryResult qres{};
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &ptr, 12000, cudaEnableDefault, &qres) !=
+            cudaSuccess ||
+        qres != cudaDriverEntryPointSuccess)
+      return static_cast<PFN_cuTensorMapEncodeTiled_v12000>(nullptr);
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(ptr);
+  }();
+  return fn;
+}
+
+inline Status encode_block_map(CUtensorMap* map, CUtensorMapDataType dtype, const void* base, uint64_t cols,
+                               uint64_t rows, uint64_t blocks, uint64_t row_bytes, uint32_t box_cols,
+                               uint32_t box_rows, CUtensorMapSwizzle swizzle, const char* name) {
+  auto encode = tensor_map_encoder();
+  if (encode == nullptr)
+    return Status(StatusCode::kCudaError, "recurrence: cuTensorMapEncodeTiled not found in the CUDA driver");
+  const cuuint64_t dims[3] = {cols, rows, blocks};
+  const cuuint64_t strides[2] = {row_bytes, kChunkBlockBytes};
+  const cuuint32_t box[3] = {box_cols, box_rows, 1};
+  const cuuint32_t elem_strides[3] = {1, 1, 1};
+  const CUresult res = encode(map, dtype, 3, const_cast<void*>(base), dims, strides, box, elem_strides,
+                              CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                              CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (res != CUDA_SUCCESS)
+    return Status(StatusCode::kCudaError,
+                  std::string("recurrence: cuTensorMapEncodeTiled failed for ") + name + " (CUresult " +
+                      std::to_string(int(res)) + ")");
+  return Status::Ok();
+}
+
+}  // namespace kdakit::sm90::prefill::recurrence
+
+namespace kdakit::sm90::prefill {
+
+template <int kValueRows>
+Status launch_prefill_recurrence(const PrefillParams& p, const WorkspacePlan& plan, const void* workspace,
+                                 cudaStream_t stream) {
+  using namespace recurrence;
+  using Cfg = Config<kValueRows>;
+  using Smem = typename Cfg::SharedMemoryPlan;
+  if (p.num_seqs == 0) return Status::Ok();
+  if (p.num_v_heads > 65535)
+    return Status(StatusCode::kUnsupported, "recurrence: num_v_heads must be <= 65535, got " +
+                                                std::to_string(p.num_v_heads));
+  if (p.num_seqs > int64_t(INT32_MAX) || plan.max_chunks * p.num_v_heads > int64_t(INT32_MAX))
+    return Status(StatusCode::kUnsupported, "recurrence: more than 2^31 sequences or chunk blocks");
+  if (p.chunk_states != nullptr && (p.chunk_state_interval <= 0 || p.chunk_state_interval % kChunk != 0))
+    return Status(StatusCode::kInvalidArgument, "chunk_state_interval: expected a positive multiple of 64, got " +
+                                                    std::to_string(p.chunk_state_interval));
+
+  const uint8_t* ws = static_cast<const uint8_t*>(workspace);
+  const uint8_t* blocks = ws + plan.chunk_blocks_offset;
+  // NOTE: a batch of only empty sequences has no chunk block; the maps still need a nonzero
+  // extent and are never read then.
+  const uint64_t num_blocks = std::max<uint64_t>(1, uint64_t(plan.max_chunks) * uint64_t(p.num_v_heads));
+
+  TmaParams tma{};
+  Status st = encode_block_map(&tma.qwk, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, blocks + ChunkBlockLayout::kQtOffset,
+                               kHeadDim, 3 * kChunk, num_blocks, kHeadDim * 2, 64, 3 * kChunk,
+                               CU_TENSOR_MAP_SWIZZLE_128B, "Qt/W/Kh");
+  if (!st.ok()) return st;
+  st = encode_block_map(&tma.m, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, blocks + ChunkBlockLayout::kMOffset, kChunk,
+                        kChunk, num_blocks, kChunk * 2, kChunk, kChunk, CU_TENSOR_MAP_SWIZZLE_128B, "M");
+  if (!st.ok()) return st;
+  st = encode_block_map(&tma.u0, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, blocks + ChunkBlockLayout::kU0Offset, kHeadDim,
+                        kChunk, num_blocks, kHeadDim * 4, kValueRows, kChunk, CU_TENSOR_MAP_SWIZZLE_NONE, "U0");
+  if (!st.ok()) return st;
+
+  const bool bf16_state = p.dtype_state == DType::kBFloat16;
+  const size_t state_elem = bf16_state ? 2 : 4;
+  auto pairs_ok = [&](const void* ptr, int64_t stride) {
+    return ptr == nullptr || (reinterpret_cast<uintptr_t>(ptr) % (2 * state_elem) == 0 && stride % 2 == 0);
+  };
+  const bool packed = p.cu_seqlens != nullptr;
+  const bool o_vec16 = reinterpret_cast<uintptr_t>(p.o) % 16 == 0 && p.stride_o_t % 8 == 0 &&
+                       p.stride_o_h % 8 == 0 && (packed || p.stride_o_b % 8 == 0);
+
+  KernelParams kp{};
+  kp.chunk_offsets = reinterpret_cast<const int32_t*>(ws + plan.chunk_offsets_offset);
+  kp.seq_start = reinterpret_cast<const int64_t*>(ws + plan.seq_start_offset);
+  kp.seq_len = reinterpret_cast<const int32_t*>(ws + plan.seq_len_offset);
+  kp.chunk_blocks = blocks;
+  kp.max_chunks = plan.max_chunks;
+  kp.num_v_heads = p.num_v_heads;
+  kp.packed = packed;
+  kp.o = static_cast<__nv_bfloat16*>(p.o);
+  kp.stride_o_b = p.stride_o_b;
+  kp.stride_o_t = p.stride_o_t;
+  kp.stride_o_h = p.stride_o_h;
+  kp.o_vec16 = o_vec16;
+  kp.initial_state = p.initial_state;
+  kp.initial_state_indices = p.initial_state_indices;
+  kp.stride_initial_state_n = p.stride_initial_state_n;
+  kp.final_state = p.final_state;
+  kp.final_state_indices = p.final_state_indices;
+  kp.stride_final_state_n = p.stride_final_state_n;
+  kp.num_state_slots = (p.initial_state_indices != nullptr || p.final_state_indices != nullptr)
+                           ? p.num_state_slots
+                           : p.num_seqs;
+  kp.chunk_states = p.chunk_states;
+  kp.num_chunk_states = p.num_chunk_states;
+  kp.chunk_state_interval = p.chunk_state_interval;
+  kp.state_bf16 = bf16_state;
+  kp.k_first = p.state_layout == StateLayout::kKFirst;
+  kp.state_pairs = pairs_ok(p.initial_state, p.stride_initial_state_n) &&
+                   pairs_ok(p.final_state, p.stride_final_state_n) && pairs_ok(p.chunk_states, 0);
+
+  auto kernel = kda_prefill_recurrence_sm90_kernel<kValueRows>;
+  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         int(Smem::kAllocBytes));
+  if (err != cudaSuccess) return cuda_status(err, "cudaFuncSetAttribute", __LINE__);
+  const dim3 grid(unsigned(p.num_seqs), unsigned(p.num_v_heads), unsigned(Cfg::kSlices));
+  kernel<<<grid, Cfg::kThreads, Smem::kAllocBytes, stream>>>(kp, tma);
+  err = cudaGetLastError();
+  if (err != cudaSuccess) return cuda_status(err, "kda_prefill_recurrence_sm90_kernel launch", __LINE__);
+  return Status::Ok();
+}
+
+}  // namespace kdakit::sm90::prefill
