@@ -17,11 +17,16 @@ namespace kdakit::cpu {
 // Bytes per element of a dtype.
 inline int64_t dtype_size(DType dtype) {
   switch (dtype) {
-    case DType::kFloat32: return 4;
-    case DType::kBFloat16: return 2;
-    case DType::kFloat16: return 2;
-    case DType::kInt32: return 4;
-    case DType::kInt64: return 8;
+    case DType::kFloat32:
+      return 4;
+    case DType::kBFloat16:
+      return 2;
+    case DType::kFloat16:
+      return 2;
+    case DType::kInt32:
+      return 4;
+    case DType::kInt64:
+      return 8;
   }
   return 0;
 }
@@ -83,7 +88,8 @@ inline double round_to_format(double x, int precision, int min_exponent, double 
   int exponent = exp2_of_x - 1;
   if (exponent < min_exponent) exponent = min_exponent;  // subnormal: fixed quantum
   const int quantum_exponent = exponent - (precision - 1);
-  const double rounded = std::ldexp(std::nearbyint(std::ldexp(x, -quantum_exponent)), quantum_exponent);
+  const double rounded =
+      std::ldexp(std::nearbyint(std::ldexp(x, -quantum_exponent)), quantum_exponent);
   if (std::fabs(rounded) > max_finite) return std::copysign(INFINITY, x);
   return rounded;
 }
@@ -124,11 +130,16 @@ inline uint16_t fp16_from_float(float x) { return fp16_from_double(double(x)); }
 
 inline double load_as_double(const void* base, DType dtype, int64_t offset) {
   switch (dtype) {
-    case DType::kFloat32: return static_cast<const float*>(base)[offset];
-    case DType::kBFloat16: return bf16_to_float(static_cast<const uint16_t*>(base)[offset]);
-    case DType::kFloat16: return fp16_to_float(static_cast<const uint16_t*>(base)[offset]);
-    case DType::kInt32: return static_cast<const int32_t*>(base)[offset];
-    case DType::kInt64: return double(static_cast<const int64_t*>(base)[offset]);
+    case DType::kFloat32:
+      return static_cast<const float*>(base)[offset];
+    case DType::kBFloat16:
+      return bf16_to_float(static_cast<const uint16_t*>(base)[offset]);
+    case DType::kFloat16:
+      return fp16_to_float(static_cast<const uint16_t*>(base)[offset]);
+    case DType::kInt32:
+      return static_cast<const int32_t*>(base)[offset];
+    case DType::kInt64:
+      return double(static_cast<const int64_t*>(base)[offset]);
   }
   return NAN;
 }
@@ -140,11 +151,21 @@ inline float load_as_float(const void* base, DType dtype, int64_t offset) {
 // Stores x rounded to nearest even into a float dtype (integers: truncation toward zero).
 inline void store_from_double(void* base, DType dtype, int64_t offset, double x) {
   switch (dtype) {
-    case DType::kFloat32: static_cast<float*>(base)[offset] = float(x); return;  // RNE
-    case DType::kBFloat16: static_cast<uint16_t*>(base)[offset] = bf16_from_double(x); return;
-    case DType::kFloat16: static_cast<uint16_t*>(base)[offset] = fp16_from_double(x); return;
-    case DType::kInt32: static_cast<int32_t*>(base)[offset] = int32_t(x); return;
-    case DType::kInt64: static_cast<int64_t*>(base)[offset] = int64_t(x); return;
+    case DType::kFloat32:
+      static_cast<float*>(base)[offset] = float(x);
+      return;  // RNE
+    case DType::kBFloat16:
+      static_cast<uint16_t*>(base)[offset] = bf16_from_double(x);
+      return;
+    case DType::kFloat16:
+      static_cast<uint16_t*>(base)[offset] = fp16_from_double(x);
+      return;
+    case DType::kInt32:
+      static_cast<int32_t*>(base)[offset] = int32_t(x);
+      return;
+    case DType::kInt64:
+      static_cast<int64_t*>(base)[offset] = int64_t(x);
+      return;
   }
 }
 

@@ -21,14 +21,20 @@ namespace kdakit::cpu {
 // not written: a packed batch's count depends on cu_seqlens, which the caller may not know.
 class ChunkStateSink {
  public:
-  ChunkStateSink(const StateFormat& format, void* chunk_states, int64_t capacity, int64_t first_entry, int32_t h)
-      : format_(format), chunk_states_(chunk_states), capacity_(capacity), first_entry_(first_entry), h_(h) {}
+  ChunkStateSink(const StateFormat& format, void* chunk_states, int64_t capacity,
+                 int64_t first_entry, int32_t h)
+      : format_(format),
+        chunk_states_(chunk_states),
+        capacity_(capacity),
+        first_entry_(first_entry),
+        h_(h) {}
 
   bool enabled() const { return chunk_states_ != nullptr; }
   void operator()(int64_t e, const double* S) const {
     const int64_t entry = first_entry_ + e;
     if (entry >= capacity_) return;
-    format_.store(S, format_.block(chunk_states_, entry, int64_t(format_.HV) * format_.block_elements(), h_));
+    format_.store(
+        S, format_.block(chunk_states_, entry, int64_t(format_.HV) * format_.block_elements(), h_));
   }
 
  private:
@@ -49,7 +55,8 @@ Status run_prefill(const PrefillParams& p, SequenceFn&& run_sequence) {
   if (!status.ok()) return status;
 
   const KdaProblem m = make_problem(p);
-  const StateFormat format{p.dtype_state, p.state_layout, p.num_v_heads, p.head_dim_k, p.head_dim_v};
+  const StateFormat format{p.dtype_state, p.state_layout, p.num_v_heads, p.head_dim_k,
+                           p.head_dim_v};
   const int64_t N = p.num_seqs;
   const int32_t HV = p.num_v_heads;
   const int64_t interval = p.chunk_states != nullptr ? p.chunk_state_interval : 0;
@@ -84,8 +91,9 @@ Status run_prefill(const PrefillParams& p, SequenceFn&& run_sequence) {
     const SeqRange range = ranges[size_t(n)];
     const int64_t in_slot = initial_slot(n);
     const int64_t out_slot = final_slot(n);
-    const char* initial =
-        in_slot >= 0 ? format.block(p.initial_state, in_slot, p.stride_initial_state_n, h) : nullptr;
+    const char* initial = in_slot >= 0
+                              ? format.block(p.initial_state, in_slot, p.stride_initial_state_n, h)
+                              : nullptr;
 
     if (range.length() == 0) {
       // Empty sequence: the state passes through bit for bit (zeros without one); no output.

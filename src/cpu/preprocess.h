@@ -2,10 +2,11 @@
 // arithmetic type: double for the reference, float for the chunked mirror of the GPU path.
 //
 //   q, k     <- x / sqrt(sum(x * x) + 1e-6)                      (use_qk_l2norm)
-//   beta     <- sigmoid(beta), or 2 * sigmoid(beta)               (use_beta_sigmoid, allow_neg_eigval)
-//   gamma    =  g                                                 (kPrecomputed)
+//   beta     <- sigmoid(beta), or 2 * sigmoid(beta)               (use_beta_sigmoid,
+//   allow_neg_eigval) gamma    =  g                                                 (kPrecomputed)
 //            =  -exp(A_log[h]) * softplus(g + dt_bias[h])         (kSoftplus)
-//            =  lb * sigmoid(exp(A_log[h]) * (g + dt_bias[h]))    (kLowerBound; A_log null: no factor)
+//            =  lb * sigmoid(exp(A_log[h]) * (g + dt_bias[h]))    (kLowerBound; A_log null: no
+//            factor)
 // GVA: value head h reads q/k head h / (HV / H).
 #pragma once
 

@@ -30,7 +30,9 @@ struct TokenScratch {
   std::vector<double> q, k, v, gamma, delta;
   explicit TokenScratch(const KdaProblem& m)
       : q(size_t(m.K)), k(size_t(m.K)), v(size_t(m.V)), gamma(size_t(m.K)), delta(size_t(m.V)) {}
-  TokenInputs<double> inputs() { return TokenInputs<double>{q.data(), k.data(), v.data(), gamma.data(), 0.0}; }
+  TokenInputs<double> inputs() {
+    return TokenInputs<double>{q.data(), k.data(), v.data(), gamma.data(), 0.0};
+  }
 };
 
 // One recurrence step on S (S[i * V + j]) for token t of row b, value head h; writes o_t.
@@ -83,19 +85,23 @@ Status decode_reference(const DecodeParams& p) {
   if (!status.ok()) return status;
 
   const KdaProblem m = make_problem(p);
-  const StateFormat format{p.dtype_state, p.state_layout, p.num_v_heads, p.head_dim_k, p.head_dim_v};
+  const StateFormat format{p.dtype_state, p.state_layout, p.num_v_heads, p.head_dim_k,
+                           p.head_dim_v};
   const int64_t N = p.num_seqs;
   const int32_t HV = p.num_v_heads;
   const int64_t cols = p.num_index_cols;
-  auto index = [&](int64_t n, int64_t col) -> int64_t { return p.state_indices[n * p.stride_state_indices_n + col]; };
+  auto index = [&](int64_t n, int64_t col) -> int64_t {
+    return p.state_indices[n * p.stride_state_indices_n + col];
+  };
 
   DeferredStateWrites writes(N, HV, format);
   parallel_for(N * int64_t(HV), [&](int64_t item) {
     const int64_t n = item / HV;
     const int32_t h = int32_t(item % HV);
     const SeqRange range = sequence_range(p.cu_seqlens, p.dtype_cu_seqlens, n, p.seqlen);
-    const int64_t accepted =
-        p.num_accepted_tokens != nullptr ? std::clamp<int64_t>(p.num_accepted_tokens[n], 1, cols) : 1;
+    const int64_t accepted = p.num_accepted_tokens != nullptr
+                                 ? std::clamp<int64_t>(p.num_accepted_tokens[n], 1, cols)
+                                 : 1;
     const int64_t start_slot = index(n, accepted - 1);
 
     if (!slot_in_range(start_slot, p.num_state_slots, p.null_slot_is_padding)) {
@@ -115,13 +121,15 @@ Status decode_reference(const DecodeParams& p) {
       const int64_t local = t - range.begin;
       if (cols > 1 && local < cols) {
         const int64_t slot = index(n, local);
-        if (slot_in_range(slot, p.num_state_slots, p.null_slot_is_padding)) format.store(S.data(), writes.add(n, h, slot));
+        if (slot_in_range(slot, p.num_state_slots, p.null_slot_is_padding))
+          format.store(S.data(), writes.add(n, h, slot));
       }
     }
     if (cols == 1 && range.length() > 0) format.store(S.data(), writes.add(n, h, start_slot));
   });
 
-  writes.apply(p.state, p.stride_state_slot, [](int64_t count, auto&& fn) { parallel_for(count, fn); });
+  writes.apply(p.state, p.stride_state_slot,
+               [](int64_t count, auto&& fn) { parallel_for(count, fn); });
   return Status::Ok();
 }
 

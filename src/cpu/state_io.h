@@ -32,17 +32,20 @@ struct StateFormat {
   // Pointer to the K x V block of value head h in slot `slot` of a buffer with slot stride
   // `stride_slot` (elements).
   const char* block(const void* base, int64_t slot, int64_t stride_slot, int32_t h) const {
-    return static_cast<const char*>(base) + (slot * stride_slot + int64_t(h) * block_elements()) * dtype_size(dtype);
+    return static_cast<const char*>(base) +
+           (slot * stride_slot + int64_t(h) * block_elements()) * dtype_size(dtype);
   }
   char* block(void* base, int64_t slot, int64_t stride_slot, int32_t h) const {
-    return static_cast<char*>(base) + (slot * stride_slot + int64_t(h) * block_elements()) * dtype_size(dtype);
+    return static_cast<char*>(base) +
+           (slot * stride_slot + int64_t(h) * block_elements()) * dtype_size(dtype);
   }
 
   // Stored block -> S (exact: fp32 and bf16 widen exactly).
   void load(const char* stored, double* S) const {
     for (int32_t i = 0; i < K; ++i) {
       for (int32_t j = 0; j < V; ++j) {
-        S[int64_t(i) * V + j] = load_as_double(stored, dtype, state_element_offset(layout, K, V, i, j));
+        S[int64_t(i) * V + j] =
+            load_as_double(stored, dtype, state_element_offset(layout, K, V, i, j));
       }
     }
   }
@@ -51,7 +54,8 @@ struct StateFormat {
   void store(const double* S, char* stored) const {
     for (int32_t i = 0; i < K; ++i) {
       for (int32_t j = 0; j < V; ++j) {
-        store_from_double(stored, dtype, state_element_offset(layout, K, V, i, j), S[int64_t(i) * V + j]);
+        store_from_double(stored, dtype, state_element_offset(layout, K, V, i, j),
+                          S[int64_t(i) * V + j]);
       }
     }
   }
@@ -87,7 +91,8 @@ class DeferredStateWrites {
         const Item& item = items_[size_t(n * HV_ + h)];
         for (size_t w = 0; w < item.slots.size(); ++w) {
           std::memcpy(format_.block(base, item.slots[w], stride_slot, int32_t(h)),
-                      item.bytes.data() + w * size_t(format_.block_bytes()), size_t(format_.block_bytes()));
+                      item.bytes.data() + w * size_t(format_.block_bytes()),
+                      size_t(format_.block_bytes()));
         }
       }
     });

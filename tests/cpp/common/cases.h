@@ -263,7 +263,8 @@ inline PrefillTensors make_prefill_tensors(const PrefillCase& c, Rng& rng) {
   if (c.packed()) t.cu_seqlens = detail::make_cu_seqlens(c);
 
   if (c.initial != StateSource::kNone) {
-    t.initial_state = detail::make_state_tensor(c.dtype_state, t.num_slots, c.HV, c.K, c.V, c.layout, c.pad);
+    t.initial_state =
+        detail::make_state_tensor(c.dtype_state, t.num_slots, c.HV, c.K, c.V, c.layout, c.pad);
     t.initial_state.fill_storage(0.0);
     t.initial_state.fill_uniform(rng, -1.0, 1.0);
   }
@@ -272,7 +273,8 @@ inline PrefillTensors make_prefill_tensors(const PrefillCase& c, Rng& rng) {
         detail::random_slots(t.num_seqs, 0, t.num_slots, c.negative_indices, rng), {t.num_seqs});
   }
   if (!c.in_place && c.final_state != StateSource::kNone) {
-    t.final_state = detail::make_state_tensor(c.dtype_state, t.num_slots, c.HV, c.K, c.V, c.layout, c.pad);
+    t.final_state =
+        detail::make_state_tensor(c.dtype_state, t.num_slots, c.HV, c.K, c.V, c.layout, c.pad);
     if (c.final_state == StateSource::kPool) {
       // Slots nobody writes must keep these values bit for bit.
       t.final_state.fill_storage(0.0);
@@ -352,12 +354,24 @@ inline PrefillParams fill_prefill_params(const PrefillCase& c, const PrefillTens
       .final_state_indices = static_cast<const int32_t*>(in_place ? ptr.initial_state_indices
                                                                   : ptr.final_state_indices),
       .chunk_states = ptr.chunk_states,
-      .stride_q_b = t.q.stride(0), .stride_q_t = t.q.stride(1), .stride_q_h = t.q.stride(2),
-      .stride_k_b = t.k.stride(0), .stride_k_t = t.k.stride(1), .stride_k_h = t.k.stride(2),
-      .stride_v_b = t.v.stride(0), .stride_v_t = t.v.stride(1), .stride_v_h = t.v.stride(2),
-      .stride_g_b = t.g.stride(0), .stride_g_t = t.g.stride(1), .stride_g_h = t.g.stride(2),
-      .stride_beta_b = t.beta.stride(0), .stride_beta_t = t.beta.stride(1), .stride_beta_h = t.beta.stride(2),
-      .stride_o_b = t.o.stride(0), .stride_o_t = t.o.stride(1), .stride_o_h = t.o.stride(2),
+      .stride_q_b = t.q.stride(0),
+      .stride_q_t = t.q.stride(1),
+      .stride_q_h = t.q.stride(2),
+      .stride_k_b = t.k.stride(0),
+      .stride_k_t = t.k.stride(1),
+      .stride_k_h = t.k.stride(2),
+      .stride_v_b = t.v.stride(0),
+      .stride_v_t = t.v.stride(1),
+      .stride_v_h = t.v.stride(2),
+      .stride_g_b = t.g.stride(0),
+      .stride_g_t = t.g.stride(1),
+      .stride_g_h = t.g.stride(2),
+      .stride_beta_b = t.beta.stride(0),
+      .stride_beta_t = t.beta.stride(1),
+      .stride_beta_h = t.beta.stride(2),
+      .stride_o_b = t.o.stride(0),
+      .stride_o_t = t.o.stride(1),
+      .stride_o_h = t.o.stride(2),
       .stride_initial_state_n = t.initial_state.defined() ? t.initial_state.stride(0) : 0,
       .stride_final_state_n = final_tensor.defined() ? final_tensor.stride(0) : 0,
       .dtype_qkv = c.dtype_qkv,
@@ -399,7 +413,8 @@ inline DecodeTensors make_decode_tensors(const DecodeCase& c, Rng& rng) {
     if (c.accepted) accepted[size_t(n)] = int32_t(rng.integer(1, cols));
     if (c.negative_write_slots) {
       for (int64_t col = 0; col < cols; ++col) {
-        if (col != accepted[size_t(n)] - 1 && rng.coin(1.0 / 3.0)) slots[size_t(n * cols + col)] = -1;
+        if (col != accepted[size_t(n)] - 1 && rng.coin(1.0 / 3.0))
+          slots[size_t(n * cols + col)] = -1;
       }
     }
   }
@@ -410,7 +425,9 @@ inline DecodeTensors make_decode_tensors(const DecodeCase& c, Rng& rng) {
   for (int64_t r = 0; r < std::min(c.padding_rows, N); ++r) {
     const int64_t n = rows[size_t(r)];
     const int64_t choice = rng.integer(0, c.null_slot_is_padding ? 2 : 1);
-    const int32_t slot = choice == 0 ? -1 : choice == 1 ? int32_t(t.num_slots + rng.integer(0, 5)) : 0;
+    const int32_t slot = choice == 0   ? -1
+                         : choice == 1 ? int32_t(t.num_slots + rng.integer(0, 5))
+                                       : 0;
     slots[size_t(n * cols + accepted[size_t(n)] - 1)] = slot;
   }
   t.state_indices = detail::int32_tensor(slots, {N, cols});
@@ -465,12 +482,24 @@ inline DecodeParams fill_decode_params(const DecodeCase& c, const DecodeTensors&
       .num_accepted_tokens = static_cast<const int32_t*>(ptr.num_accepted_tokens),
       .o = ptr.o,
       .state = ptr.state,
-      .stride_q_b = t.q.stride(0), .stride_q_t = t.q.stride(1), .stride_q_h = t.q.stride(2),
-      .stride_k_b = t.k.stride(0), .stride_k_t = t.k.stride(1), .stride_k_h = t.k.stride(2),
-      .stride_v_b = t.v.stride(0), .stride_v_t = t.v.stride(1), .stride_v_h = t.v.stride(2),
-      .stride_g_b = t.g.stride(0), .stride_g_t = t.g.stride(1), .stride_g_h = t.g.stride(2),
-      .stride_beta_b = t.beta.stride(0), .stride_beta_t = t.beta.stride(1), .stride_beta_h = t.beta.stride(2),
-      .stride_o_b = t.o.stride(0), .stride_o_t = t.o.stride(1), .stride_o_h = t.o.stride(2),
+      .stride_q_b = t.q.stride(0),
+      .stride_q_t = t.q.stride(1),
+      .stride_q_h = t.q.stride(2),
+      .stride_k_b = t.k.stride(0),
+      .stride_k_t = t.k.stride(1),
+      .stride_k_h = t.k.stride(2),
+      .stride_v_b = t.v.stride(0),
+      .stride_v_t = t.v.stride(1),
+      .stride_v_h = t.v.stride(2),
+      .stride_g_b = t.g.stride(0),
+      .stride_g_t = t.g.stride(1),
+      .stride_g_h = t.g.stride(2),
+      .stride_beta_b = t.beta.stride(0),
+      .stride_beta_t = t.beta.stride(1),
+      .stride_beta_h = t.beta.stride(2),
+      .stride_o_b = t.o.stride(0),
+      .stride_o_t = t.o.stride(1),
+      .stride_o_h = t.o.stride(2),
       .stride_state_slot = t.state.stride(0),
       .stride_state_indices_n = t.state_indices.stride(0),
       .dtype_qkv = c.dtype_qkv,
@@ -498,12 +527,30 @@ inline DecodeParams fill_decode_params(const DecodeCase& c, const DecodeTensors&
 // Regular: the serving shapes and flags, lengths that are not multiples of 64.
 inline std::vector<PrefillCase> prefill_regular_cases() {
   return {
-      {.name = "fixed_lowerbound_bf16", .batch = 2, .seqlen = 100, .H = 2, .HV = 2, .K = 64, .V = 64},
-      {.name = "packed_lowerbound_bf16", .seq_lens = {37, 130, 64, 1}, .H = 2, .HV = 2, .K = 64, .V = 64},
-      {.name = "packed_softplus_bf16", .seq_lens = {70, 5, 129}, .gate = GateMode::kSoftplus, .dtype_g = DType::kBFloat16,
+      {.name = "fixed_lowerbound_bf16",
+       .batch = 2,
+       .seqlen = 100,
+       .H = 2,
+       .HV = 2,
+       .K = 64,
+       .V = 64},
+      {.name = "packed_lowerbound_bf16",
+       .seq_lens = {37, 130, 64, 1},
+       .H = 2,
+       .HV = 2,
+       .K = 64,
+       .V = 64},
+      {.name = "packed_softplus_bf16",
+       .seq_lens = {70, 5, 129},
+       .gate = GateMode::kSoftplus,
+       .dtype_g = DType::kBFloat16,
        .dtype_beta = DType::kBFloat16},
-      {.name = "packed_precomputed_fp32", .seq_lens = {65, 63}, .gate = GateMode::kPrecomputed,
-       .dtype_qkv = DType::kFloat32, .l2norm = false, .beta_sigmoid = false},
+      {.name = "packed_precomputed_fp32",
+       .seq_lens = {65, 63},
+       .gate = GateMode::kPrecomputed,
+       .dtype_qkv = DType::kFloat32,
+       .l2norm = false,
+       .beta_sigmoid = false},
       {.name = "fixed_k128", .batch = 1, .seqlen = 90, .H = 1, .HV = 1, .K = 128, .V = 128},
       {.name = "packed_kfirst", .seq_lens = {50, 80}, .layout = StateLayout::kKFirst},
   };
@@ -514,30 +561,59 @@ inline std::vector<PrefillCase> prefill_irregular_cases() {
   return {
       {.name = "gva_4x", .seq_lens = {33, 97}, .H = 1, .HV = 4, .K = 16, .V = 16},
       {.name = "empty_sequences", .seq_lens = {0, 40, 0, 0, 67, 0}, .dtype_cu = DType::kInt64},
-      {.name = "scalar_gate_gdn", .seq_lens = {75, 20}, .gate = GateMode::kSoftplus, .scalar_gate = true},
-      {.name = "scalar_gate_precomputed", .batch = 2, .seqlen = 66, .gate = GateMode::kPrecomputed, .scalar_gate = true},
-      {.name = "lowerbound_no_alog_no_dtbias", .seq_lens = {81}, .lower_bound = -2.5f, .has_A_log = false,
+      {.name = "scalar_gate_gdn",
+       .seq_lens = {75, 20},
+       .gate = GateMode::kSoftplus,
+       .scalar_gate = true},
+      {.name = "scalar_gate_precomputed",
+       .batch = 2,
+       .seqlen = 66,
+       .gate = GateMode::kPrecomputed,
+       .scalar_gate = true},
+      {.name = "lowerbound_no_alog_no_dtbias",
+       .seq_lens = {81},
+       .lower_bound = -2.5f,
+       .has_A_log = false,
        .has_dt_bias = false},
-      {.name = "fp16_qkv_neg_eigval", .seq_lens = {45, 70}, .dtype_qkv = DType::kFloat16, .neg_eigval = true},
+      {.name = "fp16_qkv_neg_eigval",
+       .seq_lens = {45, 70},
+       .dtype_qkv = DType::kFloat16,
+       .neg_eigval = true},
       {.name = "strided_views", .seq_lens = {29, 100}, .H = 2, .HV = 4, .pad = 3},
       {.name = "bf16_state", .seq_lens = {100, 3}, .dtype_state = DType::kBFloat16},
       {.name = "k_neq_v", .seq_lens = {70}, .K = 16, .V = 64},
-      {.name = "fp16_gate_and_beta", .seq_lens = {66, 2}, .dtype_g = DType::kFloat16, .dtype_beta = DType::kFloat16},
+      {.name = "fp16_gate_and_beta",
+       .seq_lens = {66, 2},
+       .dtype_g = DType::kFloat16,
+       .dtype_beta = DType::kFloat16},
   };
 }
 
 // Corner: pools with negative indices, in place, no states, chunk states, tails past cu[N].
 inline std::vector<PrefillCase> prefill_corner_cases() {
   return {
-      {.name = "pool_negative_indices", .seq_lens = {30, 0, 70, 9}, .initial = StateSource::kPool,
-       .final_state = StateSource::kPool, .extra_slots = 5, .negative_indices = true},
-      {.name = "pool_in_place", .seq_lens = {30, 70}, .initial = StateSource::kPool, .final_state = StateSource::kPool,
-       .extra_slots = 3, .in_place = true},
+      {.name = "pool_negative_indices",
+       .seq_lens = {30, 0, 70, 9},
+       .initial = StateSource::kPool,
+       .final_state = StateSource::kPool,
+       .extra_slots = 5,
+       .negative_indices = true},
+      {.name = "pool_in_place",
+       .seq_lens = {30, 70},
+       .initial = StateSource::kPool,
+       .final_state = StateSource::kPool,
+       .extra_slots = 3,
+       .in_place = true},
       {.name = "dense_in_place", .batch = 2, .seqlen = 77, .in_place = true},
-      {.name = "no_states", .seq_lens = {10, 0, 90}, .initial = StateSource::kNone, .final_state = StateSource::kNone},
+      {.name = "no_states",
+       .seq_lens = {10, 0, 90},
+       .initial = StateSource::kNone,
+       .final_state = StateSource::kNone},
       {.name = "zero_init_final_only", .seq_lens = {0, 66}, .initial = StateSource::kNone},
       {.name = "chunk_states_64", .seq_lens = {64, 0, 129, 1}, .chunk_state_interval = 64},
-      {.name = "chunk_states_128_bf16", .seq_lens = {200, 128}, .dtype_state = DType::kBFloat16,
+      {.name = "chunk_states_128_bf16",
+       .seq_lens = {200, 128},
+       .dtype_state = DType::kBFloat16,
        .chunk_state_interval = 128},
       {.name = "tail_past_cu", .seq_lens = {20, 50}, .tail = 13},
   };
@@ -555,11 +631,24 @@ inline std::vector<DecodeCase> decode_regular_cases() {
 inline std::vector<DecodeCase> decode_corner_cases() {
   return {
       {.name = "padding_rows", .batch = 6, .seqlen = 1, .padding_rows = 3},
-      {.name = "null_slot", .batch = 6, .seqlen = 1, .padding_rows = 3, .null_slot_is_padding = true},
+      {.name = "null_slot",
+       .batch = 6,
+       .seqlen = 1,
+       .padding_rows = 3,
+       .null_slot_is_padding = true},
       {.name = "spec_accepted", .batch = 4, .seqlen = 3, .num_index_cols = 3, .accepted = true},
-      {.name = "spec_packed", .seq_lens = {4, 1, 0, 3}, .num_index_cols = 4, .accepted = true, .padding_rows = 1,
+      {.name = "spec_packed",
+       .seq_lens = {4, 1, 0, 3},
+       .num_index_cols = 4,
+       .accepted = true,
+       .padding_rows = 1,
        .negative_write_slots = true},
-      {.name = "bf16_state_gva_strided", .batch = 3, .seqlen = 2, .H = 1, .HV = 3, .dtype_state = DType::kBFloat16,
+      {.name = "bf16_state_gva_strided",
+       .batch = 3,
+       .seqlen = 2,
+       .H = 1,
+       .HV = 3,
+       .dtype_state = DType::kBFloat16,
        .pad = 2},
   };
 }

@@ -12,6 +12,8 @@
 // ambiguous, so write `kdakit::testing::` (or a namespace alias) there.
 #pragma once
 
+#include <gtest/gtest.h>
+
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -20,8 +22,6 @@
 #include <sstream>
 #include <string>
 #include <vector>
-
-#include <gtest/gtest.h>
 
 #include "cpu/dtype.h"
 #include "kdakit/kdakit.h"
@@ -37,16 +37,21 @@ struct Rng {
   std::mt19937_64 engine;
 
   explicit Rng(uint64_t s) : seed(s), engine(s) {}
-  double uniform(double lo, double hi) { return std::uniform_real_distribution<double>(lo, hi)(engine); }
+  double uniform(double lo, double hi) {
+    return std::uniform_real_distribution<double>(lo, hi)(engine);
+  }
   int64_t integer(int64_t lo, int64_t hi) {  // inclusive
     return std::uniform_int_distribution<int64_t>(lo, hi)(engine);
   }
   bool coin(double p_true = 0.5) { return uniform(0.0, 1.0) < p_true; }
-  std::string trace() const { return "random seed " + std::to_string(seed) + " (KDAKIT_TEST_SEED replays it)"; }
+  std::string trace() const {
+    return "random seed " + std::to_string(seed) + " (KDAKIT_TEST_SEED replays it)";
+  }
 };
 
 inline Rng make_rng() {
-  if (const char* env = std::getenv("KDAKIT_TEST_SEED")) return Rng(std::strtoull(env, nullptr, 10));
+  if (const char* env = std::getenv("KDAKIT_TEST_SEED"))
+    return Rng(std::strtoull(env, nullptr, 10));
   std::random_device device;
   return Rng((uint64_t(device()) << 32) ^ uint64_t(device()));
 }
@@ -78,7 +83,8 @@ struct HostTensor {
   }
 
   // Explicit strides (non-negative). The storage ends after the last addressed element.
-  static HostTensor with_strides(DType dtype, std::vector<int64_t> shape, std::vector<int64_t> strides) {
+  static HostTensor with_strides(DType dtype, std::vector<int64_t> shape,
+                                 std::vector<int64_t> strides) {
     HostTensor t;
     t.dtype = dtype;
     t.shape = std::move(shape);
@@ -135,7 +141,9 @@ struct HostTensor {
   }
 
   double get(int64_t linear) const { return cpu::load_as_double(data(), dtype, offset_of(linear)); }
-  void set(int64_t linear, double x) { cpu::store_from_double(data(), dtype, offset_of(linear), x); }
+  void set(int64_t linear, double x) {
+    cpu::store_from_double(data(), dtype, offset_of(linear), x);
+  }
   double at(std::initializer_list<int64_t> index) const {
     return cpu::load_as_double(data(), dtype, offset_of(index));
   }
@@ -159,19 +167,20 @@ struct HostTensor {
 // Comparisons
 // ------------------------------------------------------------------------------------------
 struct ErrorReport {
-  double rel_l2 = 0.0;        // ||got - ref|| / ||ref|| over elements finite in both
-  int64_t count = 0;          // logical elements compared
+  double rel_l2 = 0.0;              // ||got - ref|| / ||ref|| over elements finite in both
+  int64_t count = 0;                // logical elements compared
   int64_t nonfinite_mismatch = -1;  // first index whose NaN/inf pattern differs, else -1
-  int64_t worst_index = -1;   // largest |got - ref|
+  int64_t worst_index = -1;         // largest |got - ref|
   double worst_got = 0.0, worst_ref = 0.0;
-  std::string worst_where;    // multi-index of the worst (or mismatching) element
+  std::string worst_where;  // multi-index of the worst (or mismatching) element
 
   std::string str() const {
     std::ostringstream out;
     out.precision(9);
     out << "rel_l2 " << rel_l2 << " over " << count << " elements";
     if (nonfinite_mismatch >= 0) {
-      out << "; NaN/inf position mismatch at " << worst_where << ": got " << worst_got << ", ref " << worst_ref;
+      out << "; NaN/inf position mismatch at " << worst_where << ": got " << worst_got << ", ref "
+          << worst_ref;
     } else if (worst_index >= 0) {
       out << "; worst element " << worst_where << ": got " << worst_got << ", ref " << worst_ref;
     }
@@ -195,7 +204,8 @@ inline ErrorReport relative_l2(const HostTensor& got, const HostTensor& ref) {
     const double a = got.get(e), b = ref.get(e);
     const bool a_finite = std::isfinite(a), b_finite = std::isfinite(b);
     if (!a_finite || !b_finite) {
-      const bool same = (std::isnan(a) && std::isnan(b)) || (std::isinf(a) && std::isinf(b) && (a > 0) == (b > 0));
+      const bool same = (std::isnan(a) && std::isnan(b)) ||
+                        (std::isinf(a) && std::isinf(b) && (a > 0) == (b > 0));
       if (!same && r.nonfinite_mismatch < 0) {
         r.nonfinite_mismatch = e;
         r.worst_got = a;
@@ -238,8 +248,9 @@ inline ::testing::AssertionResult bitwise_equal(const std::string& what, const H
   const auto* b = static_cast<const unsigned char*>(ref.data());
   for (int64_t e = 0; e < got.numel(); ++e) {
     if (std::memcmp(a + got.offset_of(e) * size, b + ref.offset_of(e) * size, size_t(size)) != 0) {
-      return ::testing::AssertionFailure() << what << ": first bit difference at " << got.index_string(e)
-                                           << ": got " << got.get(e) << ", ref " << ref.get(e);
+      return ::testing::AssertionFailure()
+             << what << ": first bit difference at " << got.index_string(e) << ": got "
+             << got.get(e) << ", ref " << ref.get(e);
     }
   }
   return ::testing::AssertionSuccess();

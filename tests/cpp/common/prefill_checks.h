@@ -3,9 +3,9 @@
 // copy the results a run produced.
 #pragma once
 
-#include <string>
-
 #include <gtest/gtest.h>
+
+#include <string>
 
 #include "common/cases.h"
 #include "common/host_tensor.h"
@@ -19,9 +19,12 @@ namespace kdakit::testing {
 // elements within the fp32 error of a rounding boundary flip.
 inline double storage_bar(DType dtype, double fp32_bar) {
   switch (dtype) {
-    case DType::kBFloat16: return 1e-3;
-    case DType::kFloat16: return 2e-4;
-    default: return fp32_bar;
+    case DType::kBFloat16:
+      return 1e-3;
+    case DType::kFloat16:
+      return 2e-4;
+    default:
+      return fp32_bar;
   }
 }
 
@@ -33,16 +36,18 @@ inline const HostTensor& final_state_of(const PrefillCase& c, const PrefillTenso
 // Expects `got` (a run of case c) to match `ref` (the reference run of the same inputs):
 // outputs (NaN positions included: unwritten tokens stay poisoned in both), final states,
 // chunk states. bar_fp32 applies to fp32 storage; bf16/fp16 storage uses storage_bar.
-inline void expect_prefill_matches(const PrefillCase& c, const PrefillTensors& got, const PrefillTensors& ref,
-                                   double bar_fp32) {
+inline void expect_prefill_matches(const PrefillCase& c, const PrefillTensors& got,
+                                   const PrefillTensors& ref, double bar_fp32) {
   EXPECT_TRUE(rel_l2_below("o", got.o, ref.o, storage_bar(c.dtype_qkv, bar_fp32)));
   const HostTensor& got_final = final_state_of(c, got);
   const HostTensor& ref_final = final_state_of(c, ref);
   if (ref_final.defined()) {
-    EXPECT_TRUE(rel_l2_below("final state", got_final, ref_final, storage_bar(c.dtype_state, bar_fp32)));
+    EXPECT_TRUE(
+        rel_l2_below("final state", got_final, ref_final, storage_bar(c.dtype_state, bar_fp32)));
   }
   if (ref.chunk_states.defined()) {
-    EXPECT_TRUE(rel_l2_below("chunk states", got.chunk_states, ref.chunk_states, storage_bar(c.dtype_state, bar_fp32)));
+    EXPECT_TRUE(rel_l2_below("chunk states", got.chunk_states, ref.chunk_states,
+                             storage_bar(c.dtype_state, bar_fp32)));
   }
 }
 

@@ -2,11 +2,13 @@
 // library and a sweep of head dims and gates; plus the properties both paths must have:
 // run-to-run bitwise determinism, in-place = out-of-place bit for bit, chunk states equal to
 // the final state of a prefix run.
+#include "cpu/chunked.h"
+
+#include <gtest/gtest.h>
+
 #include <cstdint>
 #include <string>
 #include <vector>
-
-#include <gtest/gtest.h>
 
 #include "common/cases.h"
 #include "common/host_tensor.h"
@@ -42,10 +44,12 @@ TEST_P(ChunkedVsReference, OutputsAndStates) { expect_chunked_matches_reference(
 
 auto case_name = [](const ::testing::TestParamInfo<PrefillCase>& info) { return info.param.name; };
 
-INSTANTIATE_TEST_SUITE_P(Regular, ChunkedVsReference, ::testing::ValuesIn(testing::prefill_regular_cases()), case_name);
-INSTANTIATE_TEST_SUITE_P(Irregular, ChunkedVsReference, ::testing::ValuesIn(testing::prefill_irregular_cases()),
-                         case_name);
-INSTANTIATE_TEST_SUITE_P(Corner, ChunkedVsReference, ::testing::ValuesIn(testing::prefill_corner_cases()), case_name);
+INSTANTIATE_TEST_SUITE_P(Regular, ChunkedVsReference,
+                         ::testing::ValuesIn(testing::prefill_regular_cases()), case_name);
+INSTANTIATE_TEST_SUITE_P(Irregular, ChunkedVsReference,
+                         ::testing::ValuesIn(testing::prefill_irregular_cases()), case_name);
+INSTANTIATE_TEST_SUITE_P(Corner, ChunkedVsReference,
+                         ::testing::ValuesIn(testing::prefill_corner_cases()), case_name);
 
 // Head dims K = V in {16, 32, 64, 128} under each gate (vector and scalar), fp32 activations
 // so the fp32 bar applies to the outputs too; lengths straddle chunk boundaries.
@@ -78,16 +82,26 @@ std::vector<PrefillCase> head_dim_sweep() {
   return cases;
 }
 
-INSTANTIATE_TEST_SUITE_P(HeadDims, ChunkedVsReference, ::testing::ValuesIn(head_dim_sweep()), case_name);
+INSTANTIATE_TEST_SUITE_P(HeadDims, ChunkedVsReference, ::testing::ValuesIn(head_dim_sweep()),
+                         case_name);
 
 // fp32 everything with initial state, GVA, K != V and K-first: the fp32 bar on every tensor.
 TEST(ChunkedVsReferenceFp32, AllFp32StorageMeetsTheFp32Bar) {
   for (StateLayout layout : {StateLayout::kVFirst, StateLayout::kKFirst}) {
-    expect_chunked_matches_reference(PrefillCase{.name = "fp32_all", .seq_lens = {200, 1, 64, 65}, .H = 2, .HV = 4,
-                                                 .K = 32, .V = 48, .gate = GateMode::kSoftplus,
-                                                 .dtype_qkv = DType::kFloat32, .dtype_g = DType::kFloat32,
-                                                 .dtype_beta = DType::kFloat32, .layout = layout, .neg_eigval = true,
-                                                 .pad = 1, .chunk_state_interval = 64});
+    expect_chunked_matches_reference(PrefillCase{.name = "fp32_all",
+                                                 .seq_lens = {200, 1, 64, 65},
+                                                 .H = 2,
+                                                 .HV = 4,
+                                                 .K = 32,
+                                                 .V = 48,
+                                                 .gate = GateMode::kSoftplus,
+                                                 .dtype_qkv = DType::kFloat32,
+                                                 .dtype_g = DType::kFloat32,
+                                                 .dtype_beta = DType::kFloat32,
+                                                 .layout = layout,
+                                                 .neg_eigval = true,
+                                                 .pad = 1,
+                                                 .chunk_state_interval = 64});
   }
 }
 
@@ -101,12 +115,16 @@ struct Backend {
   const char* name;
   PrefillFn fn;
 };
-const Backend kBackends[] = {{"reference", cpu::prefill_reference}, {"chunked", cpu::prefill_chunked}};
+const Backend kBackends[] = {{"reference", cpu::prefill_reference},
+                             {"chunked", cpu::prefill_chunked}};
 
 TEST(PrefillDeterminism, RepeatedRunsAreBitwiseEqual) {
   auto rng = testing::make_rng();
   SCOPED_TRACE(rng.trace());
-  const PrefillCase c{.name = "determinism", .seq_lens = {150, 0, 77, 33, 64}, .H = 2, .HV = 4,
+  const PrefillCase c{.name = "determinism",
+                      .seq_lens = {150, 0, 77, 33, 64},
+                      .H = 2,
+                      .HV = 4,
                       .chunk_state_interval = 64};
   const PrefillTensors inputs = testing::make_prefill_tensors(c, rng);
   for (const Backend& backend : kBackends) {
@@ -130,14 +148,20 @@ TEST(PrefillInPlace, EqualsOutOfPlaceBitwise) {
   SCOPED_TRACE(rng.trace());
   for (StateSource source : {StateSource::kDense, StateSource::kPool}) {
     for (DType state_dtype : {DType::kFloat32, DType::kBFloat16}) {
-      PrefillCase in_place{.name = "in_place", .seq_lens = {90, 0, 17, 64}, .dtype_state = state_dtype,
-                           .initial = source, .final_state = source, .extra_slots = 4,
-                           .negative_indices = source == StateSource::kPool, .in_place = true};
+      PrefillCase in_place{.name = "in_place",
+                           .seq_lens = {90, 0, 17, 64},
+                           .dtype_state = state_dtype,
+                           .initial = source,
+                           .final_state = source,
+                           .extra_slots = 4,
+                           .negative_indices = source == StateSource::kPool,
+                           .in_place = true};
       const PrefillTensors inputs = testing::make_prefill_tensors(in_place, rng);
       PrefillCase out_of_place = in_place;
       out_of_place.in_place = false;
       for (const Backend& backend : kBackends) {
-        SCOPED_TRACE(std::string(backend.name) + (source == StateSource::kPool ? " pool " : " dense ") +
+        SCOPED_TRACE(std::string(backend.name) +
+                     (source == StateSource::kPool ? " pool " : " dense ") +
                      to_string(state_dtype));
         PrefillTensors a = inputs;
         ASSERT_TRUE(testing::run_prefill_on_host(backend.fn, in_place, a).ok());
@@ -159,9 +183,15 @@ TEST(PrefillChunkStates, EqualFinalStatesOfPrefixRuns) {
   auto rng = testing::make_rng();
   SCOPED_TRACE(rng.trace());
   for (int32_t interval : {64, 128}) {
-    const PrefillCase c{.name = "chunk_states", .seq_lens = {200, 0, 64, 129}, .HV = 2, .K = 16, .V = 16,
+    const PrefillCase c{.name = "chunk_states",
+                        .seq_lens = {200, 0, 64, 129},
+                        .HV = 2,
+                        .K = 16,
+                        .V = 16,
                         .dtype_state = interval == 64 ? DType::kFloat32 : DType::kBFloat16,
-                        .initial = StateSource::kPool, .extra_slots = 2, .chunk_state_interval = interval};
+                        .initial = StateSource::kPool,
+                        .extra_slots = 2,
+                        .chunk_state_interval = interval};
     const PrefillTensors inputs = testing::make_prefill_tensors(c, rng);
     for (const Backend& backend : kBackends) {
       SCOPED_TRACE(std::string(backend.name) + " interval " + std::to_string(interval));
@@ -199,6 +229,80 @@ TEST(PrefillChunkStates, EqualFinalStatesOfPrefixRuns) {
       EXPECT_EQ(entry, full.chunk_states.shape[0]);
     }
   }
+}
+
+// The exposed per-chunk intermediates (what a GPU prep kernel is checked against) satisfy the
+// identities that define them, have zero rows past a partial chunk, and chaining apply_chunk
+// over a sequence's chunks gives prefill_chunked's final state bit for bit.
+TEST(ChunkPrep, IntermediatesSatisfyTheirDefinitions) {
+  auto rng = testing::make_rng();
+  SCOPED_TRACE(rng.trace());
+  const PrefillCase c{.name = "prep",
+                      .seq_lens = {10, 150},
+                      .HV = 2,
+                      .K = 32,
+                      .V = 16,
+                      .gate = GateMode::kSoftplus,
+                      .dtype_qkv = DType::kFloat32};
+  PrefillTensors t = testing::make_prefill_tensors(c, rng);
+  const PrefillParams p = testing::fill_prefill_params(c, t, testing::host_pointers(t));
+  const int32_t K = c.K, V = c.V, kC = cpu::kChunk;
+  for (int32_t h = 0; h < c.HV; ++h) {
+    std::vector<float> S(size_t(K) * V);
+    for (int32_t i = 0; i < K; ++i) {
+      for (int32_t j = 0; j < V; ++j)
+        S[size_t(i) * V + j] = float(t.initial_state.at({1, h, j, i}));
+    }
+    std::vector<float> O(size_t(kC) * V);
+    for (int64_t chunk = 0; chunk < 3; ++chunk) {
+      SCOPED_TRACE("chunk " + std::to_string(chunk) + " head " + std::to_string(h));
+      cpu::ChunkPrep x(K, V);
+      ASSERT_TRUE(cpu::prefill_chunk_prep(p, 1, chunk, h, x).ok());
+      const int32_t rows = chunk < 2 ? 64 : 22;
+      ASSERT_EQ(x.rows, rows);
+      for (int32_t r = 0; r < kC; ++r) {
+        for (int32_t s = 0; s < kC; ++s) {
+          // (I + diag(beta) L) T = I on the chunk's rows; zeros outside them.
+          if (r >= rows || s >= rows) {
+            ASSERT_EQ(x.T[size_t(r) * kC + s], 0.f);
+            ASSERT_EQ(x.M[size_t(r) * kC + s], 0.f);
+            continue;
+          }
+          double product = x.T[size_t(r) * kC + s];
+          for (int32_t m = 0; m < r; ++m)
+            product += x.beta[size_t(r)] * x.L[size_t(r) * kC + m] * x.T[size_t(m) * kC + s];
+          ASSERT_NEAR(product, r == s ? 1.0 : 0.0, 1e-5) << r << ", " << s;
+          if (s > r) ASSERT_EQ(x.M[size_t(r) * kC + s], 0.f);
+        }
+        if (r >= rows) {
+          for (int32_t i = 0; i < K; ++i) ASSERT_EQ(x.W[size_t(r) * K + i], 0.f);
+          for (int32_t j = 0; j < V; ++j) ASSERT_EQ(x.U0[size_t(r) * V + j], 0.f);
+        }
+      }
+      for (int32_t i = 0; i < K; ++i) {
+        ASSERT_EQ(x.Kh[size_t(rows - 1) * K + i], x.kn[size_t(rows - 1) * K + i]);  // exp2(0) = 1
+        ASSERT_LE(x.decay[size_t(i)], 1.f);
+        ASSERT_EQ(x.decay[size_t(i)], std::exp2(x.b2[size_t(rows - 1) * K + i]));
+      }
+      // M's diagonal: scale q_r . k_r (the gate factor is exp2(0) = 1).
+      for (int32_t r = 0; r < rows; ++r) {
+        double dot = 0.0;
+        for (int32_t i = 0; i < K; ++i)
+          dot += double(x.qn[size_t(r) * K + i]) * x.kn[size_t(r) * K + i];
+        ASSERT_NEAR(x.M[size_t(r) * kC + r], p.scale * dot, 1e-5);
+      }
+      cpu::apply_chunk(x, S.data(), O.data());
+    }
+    PrefillTensors run = t;
+    ASSERT_TRUE(testing::run_prefill_on_host(cpu::prefill_chunked, c, run).ok());
+    for (int32_t i = 0; i < K; ++i) {
+      for (int32_t j = 0; j < V; ++j)
+        ASSERT_EQ(S[size_t(i) * V + j], float(run.final_state.at({1, h, j, i})));
+    }
+  }
+  cpu::ChunkPrep x(K, V);
+  EXPECT_FALSE(cpu::prefill_chunk_prep(p, 0, 1, 0, x).ok());  // sequence 0 has one chunk
+  EXPECT_FALSE(cpu::prefill_chunk_prep(p, 2, 0, 0, x).ok());
 }
 
 }  // namespace

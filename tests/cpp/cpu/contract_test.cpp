@@ -1,14 +1,14 @@
 // Contract corners of the CPU prefill (both paths): empty sequences pass the state through bit
 // for bit, tokens past cu[N] and view padding are never written, pool gather/scatter with
 // negative indices equals the dense form and leaves every other slot bit-identical.
+#include <gtest/gtest.h>
+
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <set>
 #include <string>
 #include <vector>
-
-#include <gtest/gtest.h>
 
 #include "common/cases.h"
 #include "common/host_tensor.h"
@@ -28,7 +28,8 @@ struct Backend {
   const char* name;
   PrefillFn fn;
 };
-const Backend kBackends[] = {{"reference", cpu::prefill_reference}, {"chunked", cpu::prefill_chunked}};
+const Backend kBackends[] = {{"reference", cpu::prefill_reference},
+                             {"chunked", cpu::prefill_chunked}};
 
 // Copies the [HV, a, b] block of slot `from` of tensor x into slot `to` of tensor y.
 void copy_slot(const HostTensor& x, int64_t from, HostTensor& y, int64_t to) {
@@ -39,17 +40,21 @@ void copy_slot(const HostTensor& x, int64_t from, HostTensor& y, int64_t to) {
   }
 }
 
-::testing::AssertionResult slots_bitwise_equal(const HostTensor& x, int64_t slot_x, const HostTensor& y, int64_t slot_y) {
+::testing::AssertionResult slots_bitwise_equal(const HostTensor& x, int64_t slot_x,
+                                               const HostTensor& y, int64_t slot_y) {
   const int64_t size = cpu::dtype_size(x.dtype);
   for (int64_t h = 0; h < x.shape[1]; ++h) {
     for (int64_t a = 0; a < x.shape[2]; ++a) {
       for (int64_t b = 0; b < x.shape[3]; ++b) {
-        const auto* px = static_cast<const unsigned char*>(x.data()) + x.offset_of({slot_x, h, a, b}) * size;
-        const auto* py = static_cast<const unsigned char*>(y.data()) + y.offset_of({slot_y, h, a, b}) * size;
+        const auto* px =
+            static_cast<const unsigned char*>(x.data()) + x.offset_of({slot_x, h, a, b}) * size;
+        const auto* py =
+            static_cast<const unsigned char*>(y.data()) + y.offset_of({slot_y, h, a, b}) * size;
         if (std::memcmp(px, py, size_t(size)) != 0) {
-          return ::testing::AssertionFailure() << "slot " << slot_x << " vs " << slot_y << " differ at head " << h
-                                               << " [" << a << ", " << b << "]: " << x.at({slot_x, h, a, b})
-                                               << " vs " << y.at({slot_y, h, a, b});
+          return ::testing::AssertionFailure()
+                 << "slot " << slot_x << " vs " << slot_y << " differ at head " << h << " [" << a
+                 << ", " << b << "]: " << x.at({slot_x, h, a, b}) << " vs "
+                 << y.at({slot_y, h, a, b});
         }
       }
     }
@@ -84,7 +89,8 @@ TEST(PrefillContract, EmptySequencesPassTheStateThroughBitForBit) {
       SCOPED_TRACE(std::string(backend.name) + " " + to_string(state_dtype));
       PrefillTensors t = inputs;
       ASSERT_TRUE(testing::run_prefill_on_host(backend.fn, c, t).ok());
-      for (int64_t n : {0, 2, 4}) EXPECT_TRUE(slots_bitwise_equal(t.final_state, n, inputs.initial_state, n));
+      for (int64_t n : {0, 2, 4})
+        EXPECT_TRUE(slots_bitwise_equal(t.final_state, n, inputs.initial_state, n));
 
       // Without an initial state: exact zeros (+0.0).
       PrefillCase no_initial = c;
@@ -96,7 +102,8 @@ TEST(PrefillContract, EmptySequencesPassTheStateThroughBitForBit) {
       zeros.fill_storage(0.0);
       for (int64_t n : {0, 2, 4}) EXPECT_TRUE(slots_bitwise_equal(z.final_state, n, zeros, n));
       // No output anywhere but in the two non-empty sequences' tokens: all outputs are those.
-      for (int64_t e = 0; e < t.o.numel(); ++e) ASSERT_FALSE(std::isnan(t.o.get(e))) << t.o.index_string(e);
+      for (int64_t e = 0; e < t.o.numel(); ++e)
+        ASSERT_FALSE(std::isnan(t.o.get(e))) << t.o.index_string(e);
     }
   }
 }
@@ -106,7 +113,11 @@ TEST(PrefillContract, EmptySequencesPassTheStateThroughBitForBit) {
 TEST(PrefillContract, NothingWrittenPastCuOrIntoViewPadding) {
   auto rng = testing::make_rng();
   SCOPED_TRACE(rng.trace());
-  const PrefillCase c{.name = "tail", .seq_lens = {20, 0, 45}, .tail = 17, .HV = 2, .pad = 2,
+  const PrefillCase c{.name = "tail",
+                      .seq_lens = {20, 0, 45},
+                      .tail = 17,
+                      .HV = 2,
+                      .pad = 2,
                       .chunk_state_interval = 64};
   const PrefillTensors inputs = testing::make_prefill_tensors(c, rng);
   const int64_t written_tokens = c.tokens_per_row() - c.tail;
@@ -122,7 +133,8 @@ TEST(PrefillContract, NothingWrittenPastCuOrIntoViewPadding) {
     }
     const int64_t size = cpu::dtype_size(t.o.dtype);
     for (int64_t e = 0; e < t.o.storage_elements(); ++e) {
-      const bool same = std::memcmp(t.o.bytes.data() + e * size, inputs.o.bytes.data() + e * size, size_t(size)) == 0;
+      const bool same = std::memcmp(t.o.bytes.data() + e * size, inputs.o.bytes.data() + e * size,
+                                    size_t(size)) == 0;
       if (written.count(e)) {
         ASSERT_FALSE(same) << "output element at storage offset " << e << " was not written";
       } else {
@@ -138,10 +150,16 @@ TEST(PrefillContract, PoolIndicesMatchTheDenseFormAndLeaveOtherSlotsAlone) {
   auto rng = testing::make_rng();
   SCOPED_TRACE(rng.trace());
   for (DType state_dtype : {DType::kFloat32, DType::kBFloat16}) {
-    PrefillCase pool{.name = "pool", .seq_lens = {40, 0, 70, 9, 64, 1}, .dtype_state = state_dtype,
-                     .layout = state_dtype == DType::kFloat32 ? StateLayout::kVFirst : StateLayout::kKFirst,
-                     .pad = 3, .initial = StateSource::kPool, .final_state = StateSource::kPool, .extra_slots = 6,
-                     .negative_indices = true};
+    PrefillCase pool{
+        .name = "pool",
+        .seq_lens = {40, 0, 70, 9, 64, 1},
+        .dtype_state = state_dtype,
+        .layout = state_dtype == DType::kFloat32 ? StateLayout::kVFirst : StateLayout::kKFirst,
+        .pad = 3,
+        .initial = StateSource::kPool,
+        .final_state = StateSource::kPool,
+        .extra_slots = 6,
+        .negative_indices = true};
     PrefillTensors inputs = testing::make_prefill_tensors(pool, rng);
     const int64_t N = inputs.num_seqs;
     // Make sure both index kinds occur.
@@ -179,10 +197,12 @@ TEST(PrefillContract, PoolIndicesMatchTheDenseFormAndLeaveOtherSlotsAlone) {
       for (int64_t n = 0; n < N; ++n) {
         if (out_idx[n] < 0) continue;
         written.insert(out_idx[n]);
-        EXPECT_TRUE(slots_bitwise_equal(p.final_state, out_idx[n], d.final_state, n)) << "sequence " << n;
+        EXPECT_TRUE(slots_bitwise_equal(p.final_state, out_idx[n], d.final_state, n))
+            << "sequence " << n;
       }
       for (int64_t slot = 0; slot < inputs.num_slots; ++slot) {
-        if (!written.count(slot)) EXPECT_TRUE(slots_bitwise_equal(p.final_state, slot, inputs.final_state, slot));
+        if (!written.count(slot))
+          EXPECT_TRUE(slots_bitwise_equal(p.final_state, slot, inputs.final_state, slot));
       }
       EXPECT_TRUE(testing::storage_equal("initial pool", p.initial_state, inputs.initial_state));
     }
@@ -193,8 +213,11 @@ TEST(PrefillContract, PoolIndicesMatchTheDenseFormAndLeaveOtherSlotsAlone) {
 TEST(PrefillContract, OutOfRangePoolIndicesActLikeNegativeOnes) {
   auto rng = testing::make_rng();
   SCOPED_TRACE(rng.trace());
-  const PrefillCase c{.name = "range", .seq_lens = {30, 12}, .initial = StateSource::kPool,
-                      .final_state = StateSource::kPool, .extra_slots = 2};
+  const PrefillCase c{.name = "range",
+                      .seq_lens = {30, 12},
+                      .initial = StateSource::kPool,
+                      .final_state = StateSource::kPool,
+                      .extra_slots = 2};
   PrefillTensors inputs = testing::make_prefill_tensors(c, rng);
   for (const Backend& backend : kBackends) {
     SCOPED_TRACE(backend.name);
@@ -243,7 +266,8 @@ TEST(PrefillContract, ChunkStatesStopAtTheCapacity) {
     p.num_chunk_states = count - 2;
     ASSERT_TRUE(backend.fn(p).ok());
     for (int64_t e = 0; e < count; ++e) {
-      EXPECT_TRUE(slots_bitwise_equal(capped.chunk_states, e, e < count - 2 ? full.chunk_states : inputs.chunk_states, e))
+      EXPECT_TRUE(slots_bitwise_equal(capped.chunk_states, e,
+                                      e < count - 2 ? full.chunk_states : inputs.chunk_states, e))
           << "entry " << e;
     }
     EXPECT_TRUE(testing::storage_equal("o", capped.o, full.o));

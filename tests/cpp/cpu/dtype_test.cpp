@@ -1,13 +1,14 @@
 // Conversions of src/cpu/dtype.h and the test library's tensors and comparisons.
+#include "cpu/dtype.h"
+
+#include <gtest/gtest.h>
+
 #include <cmath>
 #include <cstdint>
 #include <limits>
 
-#include <gtest/gtest.h>
-
 #include "common/cases.h"
 #include "common/host_tensor.h"
-#include "cpu/dtype.h"
 #include "cpu/layout.h"
 
 namespace kdakit {
@@ -28,7 +29,7 @@ TEST(Dtype, Bf16RoundsToNearestEven) {
   // Just above the halfway point rounds up. Rounding through float would first round
   // 1 + 2^-8 + 2^-40 to 1 + 2^-8 (a tie) and then down: the double is rounded once here.
   EXPECT_EQ(bf16_from_double(1.0 + std::ldexp(1.0, -8) + std::ldexp(1.0, -40)), 0x3f81);
-  EXPECT_EQ(bf16_from_double(1e39), 0x7f80);    // overflow to inf
+  EXPECT_EQ(bf16_from_double(1e39), 0x7f80);  // overflow to inf
   EXPECT_EQ(bf16_from_double(-1e39), 0xff80);
   EXPECT_EQ(bf16_from_double(std::ldexp(1.0, -133)), 0x0001);  // smallest subnormal
   EXPECT_EQ(bf16_from_double(std::ldexp(1.0, -135)), 0x0000);  // below half of it: zero
@@ -93,7 +94,8 @@ TEST(TestLibrary, RelativeL2ReportsWorstElementAndNanPositions) {
   EXPECT_GE(testing::relative_l2(got, ref).nonfinite_mismatch, 0);
   ref.set_at({1, 2}, NAN);
   EXPECT_TRUE(testing::rel_l2_below("nan in both", got, ref, 0.0));
-  EXPECT_FALSE(testing::bitwise_equal("dtype", got, testing::HostTensor::contiguous(DType::kBFloat16, {2, 3})));
+  EXPECT_FALSE(testing::bitwise_equal("dtype", got,
+                                      testing::HostTensor::contiguous(DType::kBFloat16, {2, 3})));
 }
 
 TEST(TestLibrary, PaddedViewsKeepLastDimContiguous) {
@@ -115,7 +117,8 @@ TEST(TestLibrary, CaseTensorsMatchTheirParams) {
     EXPECT_EQ(p.q, t.q.data()) << c.name;
     EXPECT_EQ(p.stride_o_t, t.o.stride(1)) << c.name;
     if (c.in_place) EXPECT_EQ(p.final_state, p.initial_state) << c.name;
-    if (c.packed()) EXPECT_EQ(cpu::load_index(p.cu_seqlens, p.dtype_cu_seqlens, p.num_seqs), p.seqlen - c.tail);
+    if (c.packed())
+      EXPECT_EQ(cpu::load_index(p.cu_seqlens, p.dtype_cu_seqlens, p.num_seqs), p.seqlen - c.tail);
   }
 }
 

@@ -1,10 +1,10 @@
 // The float64 reference on cases small enough to work out by hand, and the preprocessing
 // formulas (gate modes, L2 norm, beta) on chosen values.
+#include <gtest/gtest.h>
+
 #include <cmath>
 #include <cstdint>
 #include <vector>
-
-#include <gtest/gtest.h>
 
 #include "common/cases.h"
 #include "common/host_tensor.h"
@@ -60,26 +60,54 @@ struct TinyPrefill {
     }
   }
   double final_S(int64_t i, int64_t j) const {
-    return layout == StateLayout::kVFirst ? final_state.at({0, 0, j, i}) : final_state.at({0, 0, i, j});
+    return layout == StateLayout::kVFirst ? final_state.at({0, 0, j, i})
+                                          : final_state.at({0, 0, i, j});
   }
 
   PrefillParams params(bool with_initial) {
     return PrefillParams{
-        .batch = 1, .seqlen = T, .num_seqs = 1, .num_state_slots = 1,
-        .num_qk_heads = 1, .num_v_heads = 1, .head_dim_k = 2, .head_dim_v = 2,
-        .q = q.data(), .k = k.data(), .v = v.data(), .g = g.data(), .beta = beta.data(),
+        .batch = 1,
+        .seqlen = T,
+        .num_seqs = 1,
+        .num_state_slots = 1,
+        .num_qk_heads = 1,
+        .num_v_heads = 1,
+        .head_dim_k = 2,
+        .head_dim_v = 2,
+        .q = q.data(),
+        .k = k.data(),
+        .v = v.data(),
+        .g = g.data(),
+        .beta = beta.data(),
         .o = o.data(),
         .initial_state = with_initial ? initial.data() : nullptr,
         .final_state = final_state.data(),
-        .stride_q_b = q.stride(0), .stride_q_t = q.stride(1), .stride_q_h = q.stride(2),
-        .stride_k_b = k.stride(0), .stride_k_t = k.stride(1), .stride_k_h = k.stride(2),
-        .stride_v_b = v.stride(0), .stride_v_t = v.stride(1), .stride_v_h = v.stride(2),
-        .stride_g_b = g.stride(0), .stride_g_t = g.stride(1), .stride_g_h = g.stride(2),
-        .stride_beta_b = beta.stride(0), .stride_beta_t = beta.stride(1), .stride_beta_h = beta.stride(2),
-        .stride_o_b = o.stride(0), .stride_o_t = o.stride(1), .stride_o_h = o.stride(2),
-        .stride_initial_state_n = 4, .stride_final_state_n = 4,
-        .dtype_qkv = DType::kFloat32, .dtype_g = DType::kFloat32, .dtype_beta = DType::kFloat32,
-        .dtype_state = DType::kFloat32, .gate = GateMode::kPrecomputed, .state_layout = layout,
+        .stride_q_b = q.stride(0),
+        .stride_q_t = q.stride(1),
+        .stride_q_h = q.stride(2),
+        .stride_k_b = k.stride(0),
+        .stride_k_t = k.stride(1),
+        .stride_k_h = k.stride(2),
+        .stride_v_b = v.stride(0),
+        .stride_v_t = v.stride(1),
+        .stride_v_h = v.stride(2),
+        .stride_g_b = g.stride(0),
+        .stride_g_t = g.stride(1),
+        .stride_g_h = g.stride(2),
+        .stride_beta_b = beta.stride(0),
+        .stride_beta_t = beta.stride(1),
+        .stride_beta_h = beta.stride(2),
+        .stride_o_b = o.stride(0),
+        .stride_o_t = o.stride(1),
+        .stride_o_h = o.stride(2),
+        .stride_initial_state_n = 4,
+        .stride_final_state_n = 4,
+        .dtype_qkv = DType::kFloat32,
+        .dtype_g = DType::kFloat32,
+        .dtype_beta = DType::kFloat32,
+        .dtype_state = DType::kFloat32,
+        .gate = GateMode::kPrecomputed,
+        .state_layout = layout,
         .scale = 1.f,
     };
   }
@@ -94,8 +122,8 @@ constexpr double kTol = 1e-6;  // fp32 inputs (log 0.5 is not exact in fp32), fp
 //   token 2: q = (0, 1), k = (0.6, 0.8), v = (1, -1), gamma = (log 0.5, 0), beta = 1
 //     decay rows by (0.5, 1): S = [[0.5, 1], [0, 0]]
 //     prediction S^T k = (0.5 * 0.6, 1 * 0.6) = (0.3, 0.6);  delta = (0.7, -1.6)
-//     S += k delta^T: row 0 += 0.6 (0.7, -1.6) -> (0.92, 0.04); row 1 = 0.8 (0.7, -1.6) = (0.56, -1.28)
-//     o_2 = S^T q = row 1 = (0.56, -1.28)
+//     S += k delta^T: row 0 += 0.6 (0.7, -1.6) -> (0.92, 0.04); row 1 = 0.8 (0.7, -1.6) = (0.56,
+//     -1.28) o_2 = S^T q = row 1 = (0.56, -1.28)
 void expect_two_token_case(StateLayout layout) {
   TinyPrefill x(2, layout);
   const double half = std::log(0.5);
@@ -161,16 +189,40 @@ struct OneToken {
   float dt_bias[2] = {0.5f, 0.5f};
   float o[2] = {};
 
-  cpu::TokenInputs<double> run(GateMode gate, float lb, bool a_log, bool dt, bool l2norm, bool sigmoid, bool neg,
-                               bool scalar) {
-    PrefillParams p{.batch = 1, .seqlen = 1, .num_seqs = 1, .num_qk_heads = 1, .num_v_heads = 1,
-                    .head_dim_k = 2, .head_dim_v = 2, .q = q, .k = k, .v = v, .g = g, .beta = &beta,
-                    .A_log = a_log ? &A_log : nullptr, .dt_bias = dt ? dt_bias : nullptr, .o = o,
-                    .stride_q_t = 2, .stride_k_t = 2, .stride_v_t = 2, .stride_g_t = 2, .stride_g_h = 2,
-                    .stride_beta_t = 1, .stride_o_t = 2,
-                    .dtype_qkv = DType::kFloat32, .dtype_g = DType::kFloat32, .dtype_beta = DType::kFloat32,
-                    .gate = gate, .scale = 1.f, .lower_bound = lb, .use_qk_l2norm = l2norm,
-                    .use_beta_sigmoid = sigmoid, .allow_neg_eigval = neg, .scalar_gate = scalar};
+  cpu::TokenInputs<double> run(GateMode gate, float lb, bool a_log, bool dt, bool l2norm,
+                               bool sigmoid, bool neg, bool scalar) {
+    PrefillParams p{.batch = 1,
+                    .seqlen = 1,
+                    .num_seqs = 1,
+                    .num_qk_heads = 1,
+                    .num_v_heads = 1,
+                    .head_dim_k = 2,
+                    .head_dim_v = 2,
+                    .q = q,
+                    .k = k,
+                    .v = v,
+                    .g = g,
+                    .beta = &beta,
+                    .A_log = a_log ? &A_log : nullptr,
+                    .dt_bias = dt ? dt_bias : nullptr,
+                    .o = o,
+                    .stride_q_t = 2,
+                    .stride_k_t = 2,
+                    .stride_v_t = 2,
+                    .stride_g_t = 2,
+                    .stride_g_h = 2,
+                    .stride_beta_t = 1,
+                    .stride_o_t = 2,
+                    .dtype_qkv = DType::kFloat32,
+                    .dtype_g = DType::kFloat32,
+                    .dtype_beta = DType::kFloat32,
+                    .gate = gate,
+                    .scale = 1.f,
+                    .lower_bound = lb,
+                    .use_qk_l2norm = l2norm,
+                    .use_beta_sigmoid = sigmoid,
+                    .allow_neg_eigval = neg,
+                    .scalar_gate = scalar};
     const cpu::KdaProblem m = cpu::make_problem(p);
     cpu::TokenInputs<double> in{qs, ks, vs, gamma, 0.0};
     cpu::load_token(m, 0, 0, 0, in);
@@ -237,7 +289,9 @@ TEST(ReferencePreprocess, L2NormAndBeta) {
 TEST(ReferenceGates, ModesAgreeOnEquivalentInputs) {
   auto rng = testing::make_rng();
   SCOPED_TRACE(rng.trace());
-  testing::PrefillCase base{.name = "gates", .seq_lens = {9, 4}, .gate = GateMode::kPrecomputed,
+  testing::PrefillCase base{.name = "gates",
+                            .seq_lens = {9, 4},
+                            .gate = GateMode::kPrecomputed,
                             .dtype_qkv = DType::kFloat32};
   testing::PrefillTensors t = testing::make_prefill_tensors(base, rng);
   const double log_half = std::log(0.5);
@@ -271,7 +325,8 @@ TEST(ReferenceGates, ModesAgreeOnEquivalentInputs) {
 TEST(ReferenceGva, ValueHeadsShareTheirQkHead) {
   auto rng = testing::make_rng();
   SCOPED_TRACE(rng.trace());
-  const testing::PrefillCase gva{.name = "gva", .seq_lens = {7, 12}, .H = 1, .HV = 3, .K = 8, .V = 4};
+  const testing::PrefillCase gva{
+      .name = "gva", .seq_lens = {7, 12}, .H = 1, .HV = 3, .K = 8, .V = 4};
   testing::PrefillTensors t = testing::make_prefill_tensors(gva, rng);
   ASSERT_TRUE(testing::run_prefill_on_host(cpu::prefill_reference, gva, t).ok());
   for (int32_t h = 0; h < 3; ++h) {
@@ -292,13 +347,15 @@ TEST(ReferenceGva, ValueHeadsShareTheirQkHead) {
     u.A_log.set(0, t.A_log.get(h));
     for (int64_t n = 0; n < 2; ++n) {
       for (int64_t a = 0; a < gva.V; ++a) {
-        for (int64_t b = 0; b < gva.K; ++b) u.initial_state.set_at({n, 0, a, b}, t.initial_state.at({n, h, a, b}));
+        for (int64_t b = 0; b < gva.K; ++b)
+          u.initial_state.set_at({n, 0, a, b}, t.initial_state.at({n, h, a, b}));
       }
     }
     ASSERT_TRUE(testing::run_prefill_on_host(cpu::prefill_reference, one, u).ok());
     for (int64_t tok = 0; tok < T; ++tok) {
       for (int64_t j = 0; j < gva.V; ++j) {
-        ASSERT_EQ(u.o.at({0, tok, 0, j}), t.o.at({0, tok, h, j})) << "head " << h << " token " << tok;
+        ASSERT_EQ(u.o.at({0, tok, 0, j}), t.o.at({0, tok, h, j}))
+            << "head " << h << " token " << tok;
       }
     }
     for (int64_t n = 0; n < 2; ++n) {
