@@ -1,0 +1,119 @@
+// Compile-time decisions of the prefill plan and prep kernels (kernel.cuh), and the kernel-side
+// parameter struct. Host and device include this header; it has no CUDA includes.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "cuda/sm90/prefill/workspace.h"
+#include "kdakit/kdakit.h"
+
+namespace kdakit::sm90::prefill::prep {
+
+// ------------------------------------------------------------------------------------------
+// Plan kernel: one CTA walks cu_seqlens in tiles of kPlanThreads.
+// ------------------------------------------------------------------------------------------
+// NOTE: N is at most a few thousand sequences, so one CTA (a few tile iterations) is cheaper
+// than a multi-CTA scan with its extra launch or grid-wide synchronisation.
+inline constexpr int kPlanThreads = 512;  // 128 registers per thread: the 64-bit scans do not spill
+
+// ------------------------------------------------------------------------------------------
+// Prep kernel: one CTA per (chunk, value head).
+// ------------------------------------------------------------------------------------------
+// 8 warps: the elementwise phase gives each thread 4 rows x 8 key channels (64 x 128 / 256),
+// and the L/M product phase gives each warp one (16-row sub-block, matrix) pair (4 x 2).
+inline constexpr int kWarps = 8;
+inline constexpr int kThreads = kWarps * 32;
+inline constexpr int kSubBlock = 16;                  // rows of an mma tile
+inline constexpr int kSubBlocks = kChunk / kSubBlock;  // 4
+inline constexpr int kRowsPerThread = 4;               // elementwise phase
+inline constexpr int kChannelsPerThread = 8;           // one 16-byte bf16 vector
+static_assert(kThreads * kRowsPerThread * kChannelsPerThread == kChunk * kHeadDim,
+              "the elementwise phase must cover the 64 x 128 chunk exactly once");
+static_assert(kWarps == 2 * kSubBlocks, "the L/M phase maps one warp to each (sub-block, matrix)");
+static_assert(kSubBlock % kRowsPerThread == 0, "a thread's rows must lie in one sub-block");
+
+// Diagonal tiles of L and M use the sub-block's midpoint as exponent reference, so both factors
+// are at most 2^(span / 2), span = c_{R-1} - c_R (base-2 gate sum over the 16 rows). 192 keeps
+// them <= 2^96, far from bf16/fp32 overflow (2^128) even for |q|, |k| up to 2^30; channels with
+// a larger span (a decay of more than 133 nats within 16 tokens) are summed per element.
+inline constexpr float kMaxDiagSpan = 192.f;
+
+// Rows of the B operand of sub-block R: B^(R) covers columns s in [0, 16 (R + 1)).
+constexpr int kb_row_offset(int R) { return kSubBlock * R * (R + 1) / 2; }
+inline constexpr int kKbRows = kb_row_offset(kSubBlocks);  // 16 + 32 + 48 + 64 = 160
+
+// Shared memory plan (bytes). bf16 [rows][128] arrays are 256-byte rows whose sixteen 16-byte
+// chunks are XOR-swizzled by (row & 7): ldmatrix of 8 rows at one logical chunk then hits 8
+// distinct bank groups, without padding (padding would push two CTAs past the SM's 228 KB).
+struct SharedMemoryPlan {
+  static constexpr size_t kRowBytes = kHeadDim * 2;
+  static constexpr size_t kBf16Tile = kChunk * kRowBytes;  // 16 KiB
+  // Phase 1 (elementwise) and 2 (L/M products):
+  static constexpr size_t kVOffset = 0;                               // V  bf16 [64][128]
+  static constexpr size_t kKtOffset = kVOffset + kBf16Tile;           // Kt bf16 [64][128]
+  static constexpr size_t kQaOffset = kKtOffset + kBf16Tile;          // qA bf16 [64][128]
+  static constexpr size_t kKaOffset = kQaOffset + kBf16Tile;          // kA bf16 [64][128]
+  static constexpr size_t kKbOffset = kKaOffset + kBf16Tile;          // kB bf16 [160][128]
+  static constexpr size_t kKbBytes = size_t(kKbRows) * kRowBytes;
+  static constexpr size_t kRowScaleOffset = kKbOffset + kKbBytes;     // rq, rk, beta fp32 [3][64]
+  static constexpr size_t kBoundOffset = kRowScaleOffset + 3 * kChunk * 4;  // c_R fp32 [4][128]
+  static constexpr size_t kMaskOffset = kBoundOffset + kSubBlocks * kHeadDim * 4;  // uint32 [4][4]
+  static constexpr size_t kBytes = kMaskOffset + kSubBlocks * (kHeadDim / 32) * 4;
+  // Overlays. The norm partial sums [2][8 warps][64] fp32 live in kB before kB is written.
+  static constexpr size_t kNormOffset = kKbOffset;
+  // Phase 3 (after the L/M products): L, T fp32 [64][kLdF], then the W staging tile, all in
+  // the qA/kA/kB space; the U0 staging tile (fp32 [64][128], chunks swizzled) over V and Kt.
+  static constexpr int kLdF = kChunk + 4;  // fp32 row pitch (floats): rows 16 B apart mod 128
+  static constexpr size_t kF32Tile = size_t(kChunk) * kLdF * 4;
+  static constexpr size_t kLOffset = kQaOffset;
+  static constexpr size_t kTOffset = kLOffset + kF32Tile;             // also M before T
+  static constexpr size_t kWStageOffset = kTOffset + kF32Tile;        // bf16 [64][128], swizzled
+  static constexpr size_t kPOffset = kWStageOffset;                   // T products, fp32 [3][16][16]
+  static constexpr size_t kU0StageOffset = kVOffset;                  // fp32 [64][128], swizzled
+};
+static_assert(SharedMemoryPlan::kNormOffset + 2 * kWarps * kChunk * 4 <= SharedMemoryPlan::kRowScaleOffset,
+              "norm partials must fit in the kB space");
+static_assert(SharedMemoryPlan::kWStageOffset + SharedMemoryPlan::kBf16Tile <= SharedMemoryPlan::kRowScaleOffset,
+              "phase-3 tiles must fit in the qA/kA/kB space");
+static_assert(SharedMemoryPlan::kPOffset + 3 * kSubBlock * kSubBlock * 4 <= SharedMemoryPlan::kRowScaleOffset,
+              "T products must fit in the kB space");
+static_assert(SharedMemoryPlan::kU0StageOffset + kChunk * kHeadDim * 4 <= SharedMemoryPlan::kQaOffset,
+              "the U0 staging tile must fit over V and Kt");
+// NOTE: two CTAs per SM (2 x (kBytes + 1 KiB reserved) <= 228 KiB): one CTA's loads and stores
+// stay in flight while the other computes; the kernel is bound by memory traffic.
+static_assert(2 * (SharedMemoryPlan::kBytes + 1024) <= 228 * 1024, "two prep CTAs must fit in one SM");
+
+// Kernel-side parameters, passed by value as __grid_constant__.
+struct PrepParams {
+  const void* q;     // [B, T, H, K] bf16
+  const void* k;     // [B, T, H, K] bf16
+  const void* v;     // [B, T, HV, V] bf16
+  const void* g;     // [B, T, HV, K] (or [B, T, HV] with scalar_gate), bf16 or fp32
+  const void* beta;  // [B, T, HV], bf16 or fp32
+  const float* A_log;    // [HV], nullable
+  const float* dt_bias;  // [HV, K] ([HV] with scalar_gate), nullable
+  int64_t stride_q_b, stride_q_t, stride_q_h;
+  int64_t stride_k_b, stride_k_t, stride_k_h;
+  int64_t stride_v_b, stride_v_t, stride_v_h;
+  int64_t stride_g_b, stride_g_t, stride_g_h;
+  int64_t stride_beta_b, stride_beta_t, stride_beta_h;
+  const int32_t* chunk_offsets;  // plan region
+  const int32_t* chunk_seq;
+  const int64_t* seq_start;
+  const int32_t* seq_len;
+  unsigned char* chunk_blocks;  // [max_chunks][HV] blocks of kChunkBlockBytes
+  int32_t num_seqs;
+  int32_t num_v_heads;
+  int32_t v_heads_per_qk_head;  // HV / H
+  bool packed;                  // cu_seqlens given: every sequence lies in batch row 0
+  bool beta_fp32;
+  bool scalar_gate;
+  bool use_qk_l2norm;
+  bool use_beta_sigmoid;
+  bool allow_neg_eigval;
+  float scale;
+  float lower_bound;
+};
+
+}  // namespace kdakit::sm90::prefill::prep

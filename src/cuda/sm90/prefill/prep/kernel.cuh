@@ -1,0 +1,639 @@
+// Token-parallel prefill prep kernel (sm_90a; the tensor-core path is the sm_80 mma.sync one,
+// which Hopper runs natively). The plan kernel that feeds it is in plan_kernel.cuh.
+//
+// ---- Prep: kda_prefill_prep_sm90_kernel, grid (max_chunks, HV), 256 threads -----------------
+// One CTA per (chunk c, value head h) writes that pair's chunk block (workspace.h):
+//   inputs  q, k [64 rows][128] of qk head h / (HV / H), v [64][128], g [64][128] (or [64]),
+//           beta [64]; rows r >= C' (chunk length) read as zeros, their gamma and beta as 0.
+//   outputs Qt, W, Kh bf16 [64][128], M bf16 [64][64], U0 fp32 [64][128], decay fp32 [128].
+// with b2_r the base-2 running gate sum, c_R = b2 at the last row of 16-row sub-block R
+// (c_{-1} = 0), qn = scale * q / ||q||, kn = k / ||k|| (norms optional), and
+//   E_r = exp2(b2_r - c_{R-1}) <= 1,  F_r = exp2(c_R - b2_r) <= 1         (r in sub-block R)
+//   Qt = qn E exp2(c_{R-1}),  Kt = kn E exp2(c_{R-1}),  Kh = kn F exp2(c_3 - c_R)
+//   L[r, s] = A^L_r . B^(R)_s,  M[r, s] = A^M_r . B^(R)_s  (s < 16 (R + 1), then masked)
+//     A^x_r   = x_r exp2(b2_r - m_R),   B^(R)_s = kn_s exp2(m_R - b2_s)
+//     m_R     = (c_{R-1} + c_R) / 2 per channel (c_{R-1} where span = c_{R-1} - c_R > 192):
+//               for s in an earlier sub-block both factors are <= 1; in the diagonal tile they
+//               are <= 2^96; channels past the span bound are left out of the diagonal tile's
+//               product and summed per element with exp2(b2_r - b2_s) <= 1.
+//   T = (I + diag(beta) L)^-1,  W = T diag(beta) Kt,  U0 = T diag(beta) V.
+//
+// Warp roles and phases (one CTA, 8 warps, __syncthreads between phases):
+//   1. V -> shared by cp.async. Elementwise, register resident: thread (warp w, lane 2 rq + co)
+//      owns rows 4 rq .. 4 rq + 3 and channels 16 w + 8 co .. + 7; 16-byte loads of q, k, g;
+//      gate and running sum (local sum + shuffle scan over the 16 row groups); norms (8-warp
+//      shared sums in fixed order). Writes Qt, Kh, decay to the block; Kt, A^L, A^M, B^(R) to
+//      shared memory (bf16, 16-byte chunks XOR-swizzled by row).
+//   2. L, M on tensor cores: warp w computes rows of sub-block w % 4 of L (w < 4) or M.
+//   3. L, M to shared fp32 (masked), per-element terms of wide-span channels, M to the block.
+//   4. T in fp32: 16 x 16 diagonal blocks by substitution, then off-diagonal blocks by distance.
+//   5. W, U0 on tensor cores: warp w computes rows of sub-block w % 4, value/key columns
+//      64 (w / 4) .. + 63; the A operand T diag(beta) is split into bf16 hi + lo (two passes).
+//   6. W, U0 staged in shared memory, written with 16-byte stores.
+// Nothing is pipelined inside a CTA: two CTAs share an SM (config.h), so one computes while the
+// other's loads and stores are in flight.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <string>
+#include <type_traits>
+
+#include "cuda/common/dtype.cuh"
+#include "cuda/common/math.cuh"
+#include "cuda/common/mma_sm80.cuh"
+#include "cuda/sm90/prefill/prep/config.h"
+#include "cuda/sm90/prefill/prep/launch.h"
+
+namespace kdakit::sm90::prefill::prep {
+
+using kdakit::cuda::fast_exp2;
+using kdakit::cuda::kLog2e;
+
+// ------------------------------------------------------------------------------------------
+// Prep kernel helpers
+// ------------------------------------------------------------------------------------------
+
+// Byte offset of 16-byte chunk `chunk` of row `row` in a bf16 [rows][128] shared array.
+__device__ __forceinline__ uint32_t swz(int row, int chunk) {
+  return uint32_t(row) * 256u + (uint32_t(chunk ^ (row & 7)) << 4);
+}
+// The same for an fp32 [64][128] staging array (32 chunks per row).
+__device__ __forceinline__ uint32_t swz_f32(int row, int chunk) {
+  return uint32_t(row) * 512u + (uint32_t(chunk ^ (row & 7)) << 4);
+}
+
+__device__ __forceinline__ void unpack8(const uint4& raw, float (&out)[8]) {
+  const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&raw);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    out[2 * i] = __low2float(h[i]);
+    out[2 * i + 1] = __high2float(h[i]);
+  }
+}
+
+// 8 consecutive elements -> fp32, in 16-byte accesses.
+template <typename T>
+__device__ __forceinline__ void load8(const T* ptr, float (&out)[8]) {
+  if constexpr (sizeof(T) == 4) {
+    float lo[4], hi[4];
+    kdakit::cuda::load_vec<4>(ptr, lo);
+    kdakit::cuda::load_vec<4>(ptr + 4, hi);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      out[i] = lo[i];
+      out[i + 4] = hi[i];
+    }
+  } else {
+    kdakit::cuda::load_vec<8>(ptr, out);
+  }
+}
+
+__device__ __forceinline__ uint4 pack8(const float (&x)[8]) {
+  uint4 r;
+  r.x = kdakit::cuda::pack_bf16x2(x[0], x[1]);
+  r.y = kdakit::cuda::pack_bf16x2(x[2], x[3]);
+  r.z = kdakit::cuda::pack_bf16x2(x[4], x[5]);
+  r.w = kdakit::cuda::pack_bf16x2(x[6], x[7]);
+  return r;
+}
+
+// Base-2 gate log2(e) * gamma of one element. a = exp(A_log[h]) (1 without A_log) for the
+// lower-bound gate, -exp(A_log[h]) for softplus.
+template <GateMode kGate>
+__device__ __forceinline__ float gate_log2(float g, float a, float dt_bias, float lower_bound) {
+  if constexpr (kGate == GateMode::kPrecomputed) {
+    return g * kLog2e;
+  } else if constexpr (kGate == GateMode::kSoftplus) {
+    return kdakit::cuda::gate_softplus(g, a, dt_bias) * kLog2e;
+  } else {
+    return kdakit::cuda::gate_lower_bound(g, a, dt_bias, lower_bound) * kLog2e;
+  }
+}
+
+// ------------------------------------------------------------------------------------------
+// Prep kernel
+// ------------------------------------------------------------------------------------------
+template <GateMode kGate, typename GT>
+__global__ void __launch_bounds__(kThreads, 2) kda_prefill_prep_sm90_kernel(const __grid_constant__ PrepParams p) {
+  using Plan = SharedMemoryPlan;
+  using Layout = ChunkBlockLayout;
+  extern __shared__ __align__(128) unsigned char smem[];
+
+  const int chunk = blockIdx.x;
+  const int h = blockIdx.y;
+  // NOTE: grid.x is the bound max_chunks; the plan's total decides which CTAs have work.
+  if (chunk >= p.chunk_offsets[p.num_seqs]) return;
+  const int n = p.chunk_seq[chunk];
+  const int chunk_in_seq = chunk - p.chunk_offsets[n];
+  const int len = min(kChunk, p.seq_len[n] - chunk_in_seq * kChunk);
+  const int64_t tok0 = p.seq_start[n] + int64_t(chunk_in_seq) * kChunk;
+  const int64_t brow = p.packed ? 0 : n;
+  const int hk = h / p.v_heads_per_qk_head;
+  unsigned char* blk = p.chunk_blocks + (size_t(chunk) * size_t(p.num_v_heads) + size_t(h)) * kChunkBlockBytes;
+
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  float* row_q = reinterpret_cast<float*>(smem + Plan::kRowScaleOffset);  // scale / ||q_r||
+  float* row_k = row_q + kChunk;                                          // 1 / ||k_r||
+  float* beta_s = row_k + kChunk;                                         // beta_r (0 past C')
+  uint32_t* mask = reinterpret_cast<uint32_t*>(smem + Plan::kMaskOffset);  // wide-span channels
+  float* bound = reinterpret_cast<float*>(smem + Plan::kBoundOffset);     // c_R [4][128]
+  float* norm_q = reinterpret_cast<float*>(smem + Plan::kNormOffset);     // [8 warps][64]
+  float* norm_k = norm_q + kWarps * kChunk;
+
+  const __nv_bfloat16* qg = static_cast<const __nv_bfloat16*>(p.q) + brow * p.stride_q_b + tok0 * p.stride_q_t +
+                            int64_t(hk) * p.stride_q_h;
+  const __nv_bfloat16* kg = static_cast<const __nv_bfloat16*>(p.k) + brow * p.stride_k_b + tok0 * p.stride_k_t +
+                            int64_t(hk) * p.stride_k_h;
+
+  // ---- Phase 1a: q, k, V -> shared (cp.async); rows past the chunk are zeros ----------------
+  // q and k land in the qA and kA tiles, which phase 1c overwrites in place.
+  {
+    const __nv_bfloat16* vg = static_cast<const __nv_bfloat16*>(p.v) + brow * p.stride_v_b + tok0 * p.stride_v_t +
+                              int64_t(h) * p.stride_v_h;
+#pragma unroll
+    for (int u = 0; u < kChunk * 16 / kThreads; ++u) {
+      const int c = tid + u * kThreads;
+      const int r = c >> 4, ch = c & 15;
+      const uint32_t off = swz(r, ch);
+      if (r < len) {
+        kdakit::cuda::cp_async_16(kdakit::cuda::smem_u32(smem + Plan::kQaOffset + off), qg + int64_t(r) * p.stride_q_t + ch * 8);
+        kdakit::cuda::cp_async_16(kdakit::cuda::smem_u32(smem + Plan::kKaOffset + off), kg + int64_t(r) * p.stride_k_t + ch * 8);
+        kdakit::cuda::cp_async_16(kdakit::cuda::smem_u32(smem + Plan::kVOffset + off), vg + int64_t(r) * p.stride_v_t + ch * 8);
+      } else {
+        *reinterpret_cast<uint4*>(smem + Plan::kQaOffset + off) = make_uint4(0u, 0u, 0u, 0u);
+        *reinterpret_cast<uint4*>(smem + Plan::kKaOffset + off) = make_uint4(0u, 0u, 0u, 0u);
+        *reinterpret_cast<uint4*>(smem + Plan::kVOffset + off) = make_uint4(0u, 0u, 0u, 0u);
+      }
+    }
+    kdakit::cuda::cp_async_commit();
+  }
+
+  // ---- Phase 1b: gate and running sum (registers), beta, then norms ----------------------
+  const int rq = lane >> 1, co = lane & 1;
+  const int r0 = rq * kRowsPerThread;     // first of the thread's 4 rows
+  const int R = r0 / kSubBlock;           // their sub-block
+  const int c0 = warp * 16 + co * 8;      // first of the thread's 8 channels
+  const int ch0 = c0 >> 3;                // their 16-byte chunk
+
+  float b2[kRowsPerThread][8];
+  {
+    float a = 1.f;
+    if constexpr (kGate == GateMode::kSoftplus) a = -expf(p.A_log[h]);
+    if constexpr (kGate == GateMode::kLowerBound) a = p.A_log != nullptr ? expf(p.A_log[h]) : 1.f;
+    float dt[8];
+#pragma unroll
+    for (int e = 0; e < 8; ++e) dt[e] = 0.f;
+    if constexpr (kGate != GateMode::kPrecomputed) {
+      if (p.dt_bias != nullptr) {
+        if (p.scalar_gate) {
+#pragma unroll
+          for (int e = 0; e < 8; ++e) dt[e] = p.dt_bias[h];
+        } else {
+          load8(p.dt_bias + int64_t(h) * kHeadDim + c0, dt);
+        }
+      }
+    }
+    const GT* gg = static_cast<const GT*>(p.g) + brow * p.stride_g_b + tok0 * p.stride_g_t + int64_t(h) * p.stride_g_h;
+#pragma unroll
+    for (int j = 0; j < kRowsPerThread; ++j) {
+      const int r = r0 + j;
+      const bool valid = r < len;
+      float gv[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+      if (p.scalar_gate) {
+        const float sv = valid ? kdakit::cuda::to_float(gg[int64_t(r) * p.stride_g_t]) : 0.f;
+#pragma unroll
+        for (int e = 0; e < 8; ++e) gv[e] = sv;
+      } else if (valid) {
+        load8(gg + int64_t(r) * p.stride_g_t + c0, gv);
+      }
+#pragma unroll
+      for (int e = 0; e < 8; ++e) {
+        // NOTE: rows past the chunk decay by nothing, so b2 of row 63 is b2 of row C' - 1.
+        b2[j][e] = valid ? gate_log2<kGate>(gv[e], a, dt[e], p.lower_bound) : 0.f;
+      }
+    }
+  }
+  // Running sum: 4 local rows, then a scan over the 16 row groups (lanes of equal co).
+#pragma unroll
+  for (int j = 1; j < kRowsPerThread; ++j) {
+#pragma unroll
+    for (int e = 0; e < 8; ++e) b2[j][e] += b2[j - 1][e];
+  }
+#pragma unroll
+  for (int e = 0; e < 8; ++e) {
+    float incl = b2[kRowsPerThread - 1][e];
+#pragma unroll
+    for (int d = 1; d < 16; d *= 2) {
+      const float y = __shfl_up_sync(0xffffffffu, incl, 2 * d);
+      if (rq >= d) incl += y;
+    }
+    float excl = __shfl_up_sync(0xffffffffu, incl, 2);
+    if (rq == 0) excl = 0.f;
+#pragma unroll
+    for (int j = 0; j < kRowsPerThread; ++j) b2[j][e] += excl;
+  }
+  if ((rq & 3) == 3) {  // the last row of a sub-block: its b2 is the boundary c_R
+    float* dst = bound + R * kHeadDim + c0;
+    *reinterpret_cast<float4*>(dst) = make_float4(b2[3][0], b2[3][1], b2[3][2], b2[3][3]);
+    *reinterpret_cast<float4*>(dst + 4) = make_float4(b2[3][4], b2[3][5], b2[3][6], b2[3][7]);
+  }
+  if (rq == 15) {  // decay = exp2(b2 of the last row)
+    float4* dst = reinterpret_cast<float4*>(reinterpret_cast<float*>(blk + Layout::kDecayOffset) + c0);
+    dst[0] = make_float4(fast_exp2(b2[3][0]), fast_exp2(b2[3][1]), fast_exp2(b2[3][2]), fast_exp2(b2[3][3]));
+    dst[1] = make_float4(fast_exp2(b2[3][4]), fast_exp2(b2[3][5]), fast_exp2(b2[3][6]), fast_exp2(b2[3][7]));
+  }
+  if (tid < kChunk) {
+    float b = 0.f;
+    if (tid < len) {
+      const int64_t off = brow * p.stride_beta_b + (tok0 + tid) * p.stride_beta_t + int64_t(h) * p.stride_beta_h;
+      const float raw = p.beta_fp32 ? static_cast<const float*>(p.beta)[off]
+                                    : kdakit::cuda::to_float(static_cast<const __nv_bfloat16*>(p.beta)[off]);
+      b = kdakit::cuda::beta_activation(raw, p.use_beta_sigmoid, p.allow_neg_eigval);
+    }
+    beta_s[tid] = b;
+  }
+  kdakit::cuda::cp_async_wait_all();
+  __syncthreads();
+  // Norm partial sums: 8 channels here, the co pair by shuffle, 8 warps in shared memory.
+#pragma unroll
+  for (int j = 0; j < kRowsPerThread; ++j) {
+    float qf[8], kf[8];
+    unpack8(*reinterpret_cast<const uint4*>(smem + Plan::kQaOffset + swz(r0 + j, ch0)), qf);
+    unpack8(*reinterpret_cast<const uint4*>(smem + Plan::kKaOffset + swz(r0 + j, ch0)), kf);
+    float sq = 0.f, sk = 0.f;
+#pragma unroll
+    for (int e = 0; e < 8; ++e) {
+      sq += qf[e] * qf[e];
+      sk += kf[e] * kf[e];
+    }
+    sq += __shfl_xor_sync(0xffffffffu, sq, 1);
+    sk += __shfl_xor_sync(0xffffffffu, sk, 1);
+    if (co == 0) {
+      norm_q[warp * kChunk + r0 + j] = sq;
+      norm_k[warp * kChunk + r0 + j] = sk;
+    }
+  }
+  __syncthreads();
+  if (tid < kChunk) {
+    float sq = 0.f, sk = 0.f;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) {
+      sq += norm_q[w * kChunk + tid];
+      sk += norm_k[w * kChunk + tid];
+    }
+    row_q[tid] = (p.use_qk_l2norm ? kdakit::cuda::l2norm_scale(sq) : 1.f) * p.scale;
+    row_k[tid] = p.use_qk_l2norm ? kdakit::cuda::l2norm_scale(sk) : 1.f;
+  } else if (tid < kChunk + kSubBlocks * (kHeadDim / 32)) {
+    // Wide-span channel masks, one 32-bit word per (sub-block, 32 channels).
+    const int word = tid - kChunk, Rb = word >> 2, base = (word & 3) * 32;
+    uint32_t bits = 0;
+    for (int i = 0; i < 32; ++i) {
+      const float prev = Rb == 0 ? 0.f : bound[(Rb - 1) * kHeadDim + base + i];
+      if (prev - bound[Rb * kHeadDim + base + i] > kMaxDiagSpan) bits |= 1u << i;
+    }
+    mask[word] = bits;
+  }
+  __syncthreads();
+
+  // ---- Phase 1c: elementwise outputs ------------------------------------------------------
+  {
+    // Per-sub-block constants are re-read from shared memory where needed: keeping them in
+    // registers would spill.
+    const float* c_prev = bound + (R - 1) * kHeadDim + c0;  // read only when R > 0
+    const float* c_cur = bound + R * kHeadDim + c0;
+    // Kh (block) and B^(R') for R' >= R (shared) from kn F, F = exp2(c_R - b2). Runs before
+    // the A operands overwrite k in place.
+    {
+      float kfr[kRowsPerThread][8];
+      float kh_fac[8];
+#pragma unroll
+      for (int e = 0; e < 8; ++e) kh_fac[e] = fast_exp2(bound[3 * kHeadDim + c0 + e] - c_cur[e]);
+      float* scratch = reinterpret_cast<float*>(blk + Layout::kU0Offset);  // b2 of wide-span channels
+#pragma unroll
+      for (int j = 0; j < kRowsPerThread; ++j) {
+        const int r = r0 + j;
+        float kh[8];
+        unpack8(*reinterpret_cast<const uint4*>(smem + Plan::kKaOffset + swz(r, ch0)), kfr[j]);
+        const float sk = row_k[r];
+#pragma unroll
+        for (int e = 0; e < 8; ++e) {
+          kfr[j][e] *= sk * fast_exp2(c_cur[e] - b2[j][e]);
+          kh[e] = kfr[j][e] * kh_fac[e];
+          if ((R == 0 ? 0.f : c_prev[e]) - c_cur[e] > kMaxDiagSpan) scratch[r * kHeadDim + c0 + e] = b2[j][e];
+        }
+        *reinterpret_cast<uint4*>(blk + Layout::kKhOffset + size_t(r) * 256 + c0 * 2) = pack8(kh);
+      }
+#pragma unroll
+      for (int Rb = 0; Rb < kSubBlocks; ++Rb) {
+        if (Rb >= R) {
+          float b_fac[8];
+#pragma unroll
+          for (int e = 0; e < 8; ++e) {
+            if (Rb == R) {
+              const float span = (R == 0 ? 0.f : c_prev[e]) - c_cur[e];
+              b_fac[e] = span <= kMaxDiagSpan ? fast_exp2(0.5f * span) : 0.f;  // exp2(m_R - c_R)
+            } else {
+              const float cp = bound[(Rb - 1) * kHeadDim + c0 + e];
+              const float span = cp - bound[Rb * kHeadDim + c0 + e];
+              const float m = span <= kMaxDiagSpan ? cp - 0.5f * span : cp;
+              b_fac[e] = fast_exp2(m - c_cur[e]);  // m_{R'} <= c_{R'-1} <= c_R: at most 1
+            }
+          }
+#pragma unroll
+          for (int j = 0; j < kRowsPerThread; ++j) {
+            float kb[8];
+#pragma unroll
+            for (int e = 0; e < 8; ++e) kb[e] = kfr[j][e] * b_fac[e];
+            *reinterpret_cast<uint4*>(smem + Plan::kKbOffset + swz(kb_row_offset(Rb) + r0 + j, ch0)) = pack8(kb);
+          }
+        }
+      }
+    }
+    // Qt (block), Kt, A^M, A^L (shared, in place over q and k) from E = exp2(b2 - c_{R-1}).
+    float exp_prev[8], a_fac[8];
+#pragma unroll
+    for (int e = 0; e < 8; ++e) {
+      const float cp = R == 0 ? 0.f : c_prev[e];
+      const float span = cp - c_cur[e];
+      exp_prev[e] = fast_exp2(cp);
+      a_fac[e] = span <= kMaxDiagSpan ? fast_exp2(0.5f * span) : 1.f;  // exp2(c_{R-1} - m_R)
+    }
+#pragma unroll
+    for (int j = 0; j < kRowsPerThread; ++j) {
+      const int r = r0 + j;
+      const uint32_t off = swz(r, ch0);
+      float qe[8], ke[8], out[8];
+      unpack8(*reinterpret_cast<const uint4*>(smem + Plan::kQaOffset + off), qe);
+      unpack8(*reinterpret_cast<const uint4*>(smem + Plan::kKaOffset + off), ke);
+      const float sq = row_q[r], sk = row_k[r];
+#pragma unroll
+      for (int e = 0; e < 8; ++e) {
+        const float E = fast_exp2(b2[j][e] - (R == 0 ? 0.f : c_prev[e]));
+        qe[e] *= sq * E;
+        ke[e] *= sk * E;
+      }
+#pragma unroll
+      for (int e = 0; e < 8; ++e) out[e] = qe[e] * exp_prev[e];
+      *reinterpret_cast<uint4*>(blk + Layout::kQtOffset + size_t(r) * 256 + c0 * 2) = pack8(out);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) out[e] = ke[e] * exp_prev[e];
+      *reinterpret_cast<uint4*>(smem + Plan::kKtOffset + off) = pack8(out);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) out[e] = qe[e] * a_fac[e];
+      *reinterpret_cast<uint4*>(smem + Plan::kQaOffset + off) = pack8(out);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) out[e] = ke[e] * a_fac[e];
+      *reinterpret_cast<uint4*>(smem + Plan::kKaOffset + off) = pack8(out);
+    }
+  }
+  __syncthreads();
+
+  // ---- Phase 2: L (warps 0-3) and M (warps 4-7) on tensor cores ---------------------------
+  const int g = lane >> 2, t = lane & 3;
+  const int Rw = warp & 3;
+  float acc[8][4];
+#pragma unroll
+  for (int i = 0; i < 8; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
+  {
+    const unsigned char* a_base = smem + (warp < 4 ? Plan::kKaOffset : Plan::kQaOffset);
+    const unsigned char* b_base = smem + Plan::kKbOffset;
+    const int b_row0 = kb_row_offset(Rw);
+#pragma unroll
+    for (int ks = 0; ks < kHeadDim / 16; ++ks) {
+      uint32_t a[4];
+      kdakit::cuda::ldmatrix_x4(a, kdakit::cuda::smem_u32(a_base + swz(kSubBlock * Rw + (lane & 15), 2 * ks + (lane >> 4))));
+#pragma unroll
+      for (int np = 0; np < kSubBlocks; ++np) {
+        if (np <= Rw) {
+          uint32_t b[4];
+          const int row = b_row0 + 16 * np + (lane & 7) + ((lane >> 4) << 3);
+          kdakit::cuda::ldmatrix_x4(b, kdakit::cuda::smem_u32(b_base + swz(row, 2 * ks + ((lane >> 3) & 1))));
+          kdakit::cuda::mma_bf16_16816(acc[2 * np], a, b[0], b[1]);
+          kdakit::cuda::mma_bf16_16816(acc[2 * np + 1], a, b[2], b[3]);
+        }
+      }
+    }
+  }
+  __syncthreads();  // qA, kA and kB are no longer read
+
+  // ---- Phase 3: L, M to shared fp32; wide-span terms; M to the block ---------------------
+  float* Lf = reinterpret_cast<float*>(smem + Plan::kLOffset);
+  float* Tf = reinterpret_cast<float*>(smem + Plan::kTOffset);
+  {
+    float* dst = warp < 4 ? Lf : Tf;  // M lives in the T space until it is stored
+    const bool strict = warp < 4;     // L is strictly lower, M includes the diagonal
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt) {
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int r = kSubBlock * Rw + g + 8 * half;
+        const int s = 8 * nt + 2 * t;
+        float x0 = acc[nt][2 * half], x1 = acc[nt][2 * half + 1];
+        if ((nt >> 1) == Rw) {  // diagonal tile: entries above it may be inf, so select
+          x0 = (strict ? s < r : s <= r) ? x0 : 0.f;
+          x1 = (strict ? s + 1 < r : s + 1 <= r) ? x1 : 0.f;
+        }
+        *reinterpret_cast<float2*>(dst + r * Plan::kLdF + s) = make_float2(x0, x1);
+      }
+    }
+  }
+  __syncthreads();
+  // Per-element diagonal-tile terms of wide-span channels: thread (rl, sl) owns entry (rl, sl)
+  // of every diagonal tile, and adds the terms of its flagged channels in channel order.
+  uint32_t any_wide = 0;
+#pragma unroll
+  for (int i = 0; i < kSubBlocks * 4; ++i) any_wide |= mask[i];
+  if (any_wide != 0u) {
+    const int rl = tid >> 4, sl = tid & 15;
+    const float* scratch = reinterpret_cast<const float*>(blk + Layout::kU0Offset);
+    for (int Rb = 0; Rb < kSubBlocks; ++Rb) {
+      const int r = kSubBlock * Rb + rl, s = kSubBlock * Rb + sl;
+      if (sl > rl || r >= len) continue;
+      float dl = 0.f, dm = 0.f;
+      for (int word = 0; word < 4; ++word) {
+        uint32_t bits = mask[Rb * 4 + word];
+        while (bits != 0u) {
+          const int i = word * 32 + __ffs(bits) - 1;
+          bits &= bits - 1u;
+          const float e = fast_exp2(__ldcg(scratch + r * kHeadDim + i) - __ldcg(scratch + s * kHeadDim + i));
+          const float kr = __bfloat162float(kg[int64_t(r) * p.stride_k_t + i]) * row_k[r];
+          const float ksv = __bfloat162float(kg[int64_t(s) * p.stride_k_t + i]) * row_k[s];
+          const float qr = __bfloat162float(qg[int64_t(r) * p.stride_q_t + i]) * row_q[r];
+          if (sl < rl) dl += kr * ksv * e;
+          dm += qr * ksv * e;
+        }
+      }
+      Lf[r * Plan::kLdF + s] += dl;
+      Tf[r * Plan::kLdF + s] += dm;
+    }
+    __syncthreads();
+  }
+#pragma unroll
+  for (int u = 0; u < kChunk * 8 / kThreads; ++u) {  // M: 64 rows x 8 chunks of 8 bf16
+    const int c = tid + u * kThreads;
+    const int r = c >> 3, ch = c & 7;
+    const float4 lo = *reinterpret_cast<const float4*>(Tf + r * Plan::kLdF + ch * 8);
+    const float4 hi = *reinterpret_cast<const float4*>(Tf + r * Plan::kLdF + ch * 8 + 4);
+    const float x[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
+    *reinterpret_cast<uint4*>(blk + Layout::kMOffset + size_t(r) * 128 + ch * 16) = pack8(x);
+  }
+  __syncthreads();
+
+  // ---- Phase 4: T = (I + diag(beta) L)^-1 --------------------------------------------------
+  if (tid < kChunk) {
+    // Diagonal block Rb, column jc: forward substitution, x_r = -beta_r sum_{s<r} L[r,s] x_s.
+    const int Rb = tid >> 4, jc = tid & 15, base = kSubBlock * Rb;
+    float x[kSubBlock];
+#pragma unroll
+    for (int r = 0; r < kSubBlock; ++r) {
+      float sum = 0.f;
+#pragma unroll
+      for (int s = 0; s < r; ++s) {
+        if (s >= jc) sum += Lf[(base + r) * Plan::kLdF + base + s] * x[s];
+      }
+      x[r] = r < jc ? 0.f : (r == jc ? 1.f : -beta_s[base + r] * sum);
+    }
+#pragma unroll
+    for (int r = 0; r < kSubBlock; ++r) Tf[(base + r) * Plan::kLdF + base + jc] = x[r];
+  } else {
+    // Zero the six blocks above the diagonal.
+    for (int idx = tid - kChunk; idx < 6 * kSubBlock * kSubBlock; idx += kThreads - kChunk) {
+      const int blkid = idx >> 8, e = idx & 255;
+      const int Rb = blkid < 3 ? 0 : (blkid < 5 ? 1 : 2);
+      const int Sb = blkid < 3 ? blkid + 1 : (blkid < 5 ? blkid - 1 : 3);
+      Tf[(kSubBlock * Rb + (e >> 4)) * Plan::kLdF + kSubBlock * Sb + (e & 15)] = 0.f;
+    }
+  }
+  __syncthreads();
+  {
+    float* P = reinterpret_cast<float*>(smem + Plan::kPOffset);  // [3][16][16]
+#pragma unroll
+    for (int d = 1; d < kSubBlocks; ++d) {
+      const int blocks = kSubBlocks - d;
+      // P_b = sum_{J=S}^{R-1} diag(beta_R) L_RJ T_JS for the blocks (R, S = R - d).
+      for (int idx = tid; idx < blocks * 256; idx += kThreads) {
+        const int b = idx >> 8, r = (idx >> 4) & 15, s = idx & 15;
+        const int Rb = d + b, Sb = b;
+        const int gr = kSubBlock * Rb + r;
+        float sum = 0.f;
+        for (int J = Sb; J < Rb; ++J) {
+#pragma unroll
+          for (int u = 0; u < kSubBlock; ++u) {
+            sum += Lf[gr * Plan::kLdF + kSubBlock * J + u] * Tf[(kSubBlock * J + u) * Plan::kLdF + kSubBlock * Sb + s];
+          }
+        }
+        P[idx] = beta_s[gr] * sum;
+      }
+      __syncthreads();
+      // T_RS = -T_RR P_b.
+      for (int idx = tid; idx < blocks * 256; idx += kThreads) {
+        const int b = idx >> 8, r = (idx >> 4) & 15, s = idx & 15;
+        const int Rb = d + b, Sb = b;
+        const int gr = kSubBlock * Rb + r;
+        float sum = 0.f;
+#pragma unroll
+        for (int u = 0; u < kSubBlock; ++u) sum += Tf[gr * Plan::kLdF + kSubBlock * Rb + u] * P[(b << 8) + (u << 4) + s];
+        Tf[gr * Plan::kLdF + kSubBlock * Sb + s] = -sum;
+      }
+      __syncthreads();
+    }
+  }
+
+  // ---- Phase 5: W = T diag(beta) Kt, then U0 = T diag(beta) V, on tensor cores ----------
+  // NOTE: one product at a time keeps 32 accumulators live instead of 64 (no spills).
+  const int col0 = 64 * (warp >> 2);  // the warp's 64 output columns
+#pragma unroll
+  for (int pass = 0; pass < 2; ++pass) {
+    const unsigned char* b_tile = smem + (pass == 0 ? Plan::kKtOffset : Plan::kVOffset);
+    float acc5[8][4];
+#pragma unroll
+    for (int i = 0; i < 8; ++i) acc5[i][0] = acc5[i][1] = acc5[i][2] = acc5[i][3] = 0.f;
+#pragma unroll
+    for (int ks = 0; ks < kSubBlocks; ++ks) {
+      if (ks <= Rw) {  // T is lower triangular: k-steps past the diagonal are zero
+        const int ra = kSubBlock * Rw + g, sa = kSubBlock * ks + 2 * t;
+        const float2 t00 = *reinterpret_cast<const float2*>(Tf + ra * Plan::kLdF + sa);
+        const float2 t10 = *reinterpret_cast<const float2*>(Tf + (ra + 8) * Plan::kLdF + sa);
+        const float2 t01 = *reinterpret_cast<const float2*>(Tf + ra * Plan::kLdF + sa + 8);
+        const float2 t11 = *reinterpret_cast<const float2*>(Tf + (ra + 8) * Plan::kLdF + sa + 8);
+        const float b0 = beta_s[sa], b1 = beta_s[sa + 1], b8 = beta_s[sa + 8], b9 = beta_s[sa + 9];
+        uint32_t ahi[4], alo[4];
+        kdakit::cuda::split_bf16x2(t00.x * b0, t00.y * b1, ahi[0], alo[0]);
+        kdakit::cuda::split_bf16x2(t10.x * b0, t10.y * b1, ahi[1], alo[1]);
+        kdakit::cuda::split_bf16x2(t01.x * b8, t01.y * b9, ahi[2], alo[2]);
+        kdakit::cuda::split_bf16x2(t11.x * b8, t11.y * b9, ahi[3], alo[3]);
+        const int brow = kSubBlock * ks + (lane & 7) + (((lane >> 3) & 1) << 3);
+#pragma unroll
+        for (int np = 0; np < 4; ++np) {
+          uint32_t bf[4];
+          kdakit::cuda::ldmatrix_x4_trans(bf, kdakit::cuda::smem_u32(b_tile + swz(brow, (col0 + 16 * np) / 8 + (lane >> 4))));
+          kdakit::cuda::mma_bf16_16816(acc5[2 * np], ahi, bf[0], bf[1]);
+          kdakit::cuda::mma_bf16_16816(acc5[2 * np], alo, bf[0], bf[1]);
+          kdakit::cuda::mma_bf16_16816(acc5[2 * np + 1], ahi, bf[2], bf[3]);
+          kdakit::cuda::mma_bf16_16816(acc5[2 * np + 1], alo, bf[2], bf[3]);
+        }
+      }
+    }
+    // ---- Phase 6: stage W (bf16, over the T products) and U0 (fp32, over Kt and V) -------
+    if (pass == 1) __syncthreads();  // Kt and V are no longer read
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt) {
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int r = kSubBlock * Rw + g + 8 * half;
+        const int c = col0 + 8 * nt + 2 * t;
+        if (pass == 0) {
+          *reinterpret_cast<uint32_t*>(smem + Plan::kWStageOffset + swz(r, c >> 3) + (c & 7) * 2) =
+              kdakit::cuda::pack_bf16x2(acc5[nt][2 * half], acc5[nt][2 * half + 1]);
+        } else {
+          *reinterpret_cast<float2*>(smem + Plan::kU0StageOffset + swz_f32(r, c >> 2) + (c & 3) * 4) =
+              make_float2(acc5[nt][2 * half], acc5[nt][2 * half + 1]);
+        }
+      }
+    }
+  }
+  __syncthreads();
+#pragma unroll
+  for (int u = 0; u < kChunk * 16 / kThreads; ++u) {
+    const int c = tid + u * kThreads;
+    const int r = c >> 4, ch = c & 15;
+    *reinterpret_cast<uint4*>(blk + Layout::kWOffset + size_t(r) * 256 + ch * 16) =
+        *reinterpret_cast<const uint4*>(smem + Plan::kWStageOffset + swz(r, ch));
+  }
+#pragma unroll
+  for (int u = 0; u < kChunk * 32 / kThreads; ++u) {
+    const int c = tid + u * kThreads;
+    const int r = c >> 5, ch = c & 31;
+    *reinterpret_cast<uint4*>(blk + Layout::kU0Offset + size_t(r) * 512 + ch * 16) =
+        *reinterpret_cast<const uint4*>(smem + Plan::kU0StageOffset + swz_f32(r, ch));
+  }
+}
+
+// ------------------------------------------------------------------------------------------
+// Launcher of one instantiation
+// ------------------------------------------------------------------------------------------
+inline Status cuda_status(cudaError_t err, int line, const char* what) {
+  if (err == cudaSuccess) return Status::Ok();
+  return Status(StatusCode::kCudaError, std::string("prep/kernel.cuh:") + std::to_string(line) + ": " + what +
+                                            ": " + cudaGetErrorString(err));
+}
+
+template <GateMode kGate, bool kGFp32>
+Status launch_prep_kernel(const PrepParams& params, int64_t max_chunks, cudaStream_t stream) {
+  using GT = std::conditional_t<kGFp32, float, __nv_bfloat16>;
+  auto* kernel = &kda_prefill_prep_sm90_kernel<kGate, GT>;
+  constexpr int kSmem = int(SharedMemoryPlan::kBytes);
+  // NOTE: the attribute is per function and process; setting it once keeps the run path free
+  // of repeated driver calls (it is not a device synchronisation either way).
+  static const cudaError_t attr_err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
+  if (Status s = cuda_status(attr_err, __LINE__, "cudaFuncSetAttribute(prep)"); !s.ok()) return s;
+  if (max_chunks <= 0) return Status::Ok();
+  const dim3 grid(unsigned(max_chunks), unsigned(params.num_v_heads));
+  kernel<<<grid, kThreads, kSmem, stream>>>(params);
+  return cuda_status(cudaGetLastError(), __LINE__, "kda_prefill_prep_sm90_kernel launch");
+}
+
+}  // namespace kdakit::sm90::prefill::prep
