@@ -1,0 +1,6 @@
+// Explicit instantiation: state bf16, k-first layout, K = V = 64.
+#include "cuda/sm90/decode/kernel.cuh"
+
+namespace kdakit::sm90::recurrent {
+template Status launch_recurrent<__nv_bfloat16, StateLayout::kKFirst, 64>(const RecurrentKernelParams&, cudaStream_t);
+}  // namespace kdakit::sm90::recurrent

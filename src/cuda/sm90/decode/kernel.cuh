@@ -1,0 +1,590 @@
+// kda_decode_sm90_kernel: the token-serial KDA recurrence over a state pool (decode,
+// speculative decoding) or dense / pool-indexed states (short prefill).
+//
+// Math, per (sequence n, value head h), state S (K x V) in fp32 registers, for each token t:
+//   S <- diag(exp(gamma_t)) S;  S <- S + beta_t k_t (v_t - S^T k_t)^T;  o_t = S^T q_t
+// with q_t already multiplied by `scale`. Value channels j never mix, so with the decayed
+// column s_j = exp(gamma_t) * S[:, j]:
+//   pred_j = <s_j, k>,  qd_j = <s_j, q>,  delta_j = beta (v_j - pred_j),
+//   S[:, j] = s_j + delta_j k,  o_j = qd_j + delta_j <k, q>
+// i.e. one pass over the decayed column gives both dot products, plus <k, q> once per token.
+//
+// Shapes: q, k [B, T, H, K]; v, o [B, T, HV, V]; g [B, T, HV, K] (or [B, T, HV]); beta
+// [B, T, HV]; state blocks K x V stored [V, K] (kVFirst) or [K, V] (kKFirst); K = V.
+//
+// Grid: one CTA per (sequence, value head, slice of kValuesPerCta = 32 value channels),
+// flattened with the slice fastest so that neighbouring CTAs stream neighbouring memory.
+// Block: kNumWarps = 4 warps, no warp specialisation.
+//
+// Steps of one CTA:
+//   1. resolve the sequence's token range (cu_seqlens clamped) and its start state (a slot
+//      of the pool; padding rows write zero outputs and return);
+//   2. issue every state load of the CTA's slice (registers, streaming hint) before any use;
+//   3. for each group of <= kMaxTokenGroup tokens: the warps preprocess the group's tokens in
+//      parallel into shared memory (warp w takes tokens w, w + 4, ...: loads, L2 norms, scale,
+//      gate, exp, beta, <k, q>), barrier, then every warp runs the group's tokens serially on
+//      its registers; per-token states (speculative decoding, chunk states) are stored from
+//      registers as they are produced; barrier;
+//   4. store the final state.
+//
+// Thread mapping of the state slice:
+//   kVFirst: warp w owns value rows j0 + 8w .. j0 + 8w + 7; lane l owns key channels
+//            [l * K/32, (l+1) * K/32) of each row (16-byte loads for fp32, K = 128). Dot
+//            products reduce over the 32 lanes with butterfly shuffles; no barrier per token.
+//   kKFirst: thread (warp w, lane l) owns value columns j0 + 4 (l % 8) .. +3 of key rows
+//            [rg * K/16, (rg+1) * K/16) with rg = 4w + l / 8. Dot products reduce in-thread
+//            over its rows, across the 4 row groups of a warp by shuffles, across warps through
+//            shared memory (double-buffered: one barrier per token).
+//
+// Untrusted device metadata (cu_seqlens, slot indices, accepted counts) is clamped or
+// skipped: no access leaves the given buffers.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <string>
+#include <type_traits>
+
+#include "cuda/common/dtype.cuh"
+#include "cuda/common/math.cuh"
+#include "cuda/sm90/decode/config.h"
+#include "cuda/sm90/decode/launch.h"
+
+namespace kdakit::sm90::recurrent {
+
+using kdakit::cuda::load_as_float;
+using kdakit::cuda::store_from_float;
+
+// ------------------------------------------------------------------------------------------
+// Per-sequence metadata
+// ------------------------------------------------------------------------------------------
+
+struct TokenRange {
+  int64_t row;    // batch row
+  int64_t begin;  // first token of the sequence in that row
+  int64_t end;    // one past the last
+};
+
+__device__ __forceinline__ int64_t load_offset(const void* cu, DType dtype, int64_t i) {
+  return dtype == DType::kInt32 ? int64_t(static_cast<const int32_t*>(cu)[i])
+                                : static_cast<const int64_t*>(cu)[i];
+}
+
+__device__ __forceinline__ TokenRange token_range(const RecurrentKernelParams& p, int64_t n) {
+  if (p.cu_seqlens == nullptr) return TokenRange{n, 0, p.seqlen};
+  const int64_t lo = load_offset(p.cu_seqlens, p.dtype_cu_seqlens, n);
+  const int64_t hi = load_offset(p.cu_seqlens, p.dtype_cu_seqlens, n + 1);
+  const int64_t begin = min(max(lo, int64_t{0}), p.seqlen);
+  const int64_t end = min(max(hi, begin), p.seqlen);
+  return TokenRange{0, begin, end};
+}
+
+__device__ __forceinline__ bool slot_valid(int64_t slot, int64_t num_slots, bool null_slot_is_padding) {
+  return slot >= 0 && slot < num_slots && !(null_slot_is_padding && slot == 0);
+}
+
+// Index of the first chunk-state entry of sequence n: sum over earlier sequences of
+// ceil(len / interval). Fixed batches have it in closed form; packed batches sum over the
+// clamped cu_seqlens, each warp on its own (warp-strided loop, then a warp sum).
+__device__ __forceinline__ int64_t first_chunk_entry(const RecurrentKernelParams& p, int64_t n, int lane) {
+  const int64_t c = p.chunk_state_interval;
+  if (p.cu_seqlens == nullptr) return n * ((p.seqlen + c - 1) / c);
+  long long total = 0;
+  for (int64_t m = lane; m < n; m += 32) {
+    const TokenRange r = token_range(p, m);
+    total += (r.end - r.begin + c - 1) / c;
+  }
+#pragma unroll
+  for (int offset = 16; offset > 0; offset >>= 1) total += __shfl_xor_sync(0xffffffffu, total, offset);
+  return int64_t(total);
+}
+
+// ------------------------------------------------------------------------------------------
+// Token preprocessing (one warp per token) into shared memory
+// ------------------------------------------------------------------------------------------
+
+template <int kHeadDim>
+__device__ __forceinline__ void preprocess_token(const RecurrentKernelParams& p, float* smem,
+                                                 int group, int slot_in_group, int64_t row,
+                                                 int64_t t, int h, int j0, int lane) {
+  using Plan = SharedMemoryPlan<kHeadDim>;
+  constexpr int kE = kHeadDim / 32;  // key channels per lane
+  const int hk = h / (p.num_v_heads / p.num_qk_heads);
+  const int i0 = lane * kE;
+
+  const int64_t q_base = row * p.stride_q_b + t * p.stride_q_t + int64_t(hk) * p.stride_q_h + i0;
+  const int64_t k_base = row * p.stride_k_b + t * p.stride_k_t + int64_t(hk) * p.stride_k_h + i0;
+  const int64_t g_base = row * p.stride_g_b + t * p.stride_g_t + int64_t(h) * p.stride_g_h;
+  float q[kE], k[kE], g[kE];
+#pragma unroll
+  for (int e = 0; e < kE; ++e) {
+    q[e] = load_as_float(p.q, p.dtype_qkv, q_base + e);
+    k[e] = load_as_float(p.k, p.dtype_qkv, k_base + e);
+    g[e] = load_as_float(p.g, p.dtype_g, g_base + (p.scalar_gate ? 0 : i0 + e));
+  }
+  const float beta_raw =
+      load_as_float(p.beta, p.dtype_beta, row * p.stride_beta_b + t * p.stride_beta_t + int64_t(h) * p.stride_beta_h);
+  const float v = load_as_float(p.v, p.dtype_qkv,
+                                row * p.stride_v_b + t * p.stride_v_t + int64_t(h) * p.stride_v_h + j0 + lane);
+
+  // --- q/k L2 norm, then scale on q
+  float q_scale = p.scale;
+  if (p.use_qk_l2norm) {
+    float qq = 0.f, kk = 0.f;
+#pragma unroll
+    for (int e = 0; e < kE; ++e) {
+      qq += q[e] * q[e];
+      kk += k[e] * k[e];
+    }
+    qq = kdakit::cuda::warp_sum(qq);
+    kk = kdakit::cuda::warp_sum(kk);
+    q_scale *= kdakit::cuda::l2norm_scale(qq);
+    const float k_scale = kdakit::cuda::l2norm_scale(kk);
+#pragma unroll
+    for (int e = 0; e < kE; ++e) k[e] *= k_scale;
+  }
+  float kq = 0.f;
+#pragma unroll
+  for (int e = 0; e < kE; ++e) {
+    q[e] *= q_scale;
+    kq += k[e] * q[e];
+  }
+  kq = kdakit::cuda::warp_sum(kq);
+
+  // --- gate: gamma (natural log, <= 0), then the decay factor exp(gamma)
+  float decay[kE];
+  if (p.gate == GateMode::kPrecomputed) {
+#pragma unroll
+    for (int e = 0; e < kE; ++e) decay[e] = expf(g[e]);
+  } else {
+    const float a_log = p.A_log != nullptr ? p.A_log[h] : 0.f;
+    const float a = p.A_log != nullptr ? expf(a_log) : 1.f;
+#pragma unroll
+    for (int e = 0; e < kE; ++e) {
+      const float bias = p.dt_bias == nullptr ? 0.f
+                         : p.scalar_gate      ? p.dt_bias[h]
+                                              : p.dt_bias[int64_t(h) * kHeadDim + i0 + e];
+      const float gamma = p.gate == GateMode::kSoftplus
+                              ? kdakit::cuda::gate_softplus(g[e], -a, bias)
+                              : kdakit::cuda::gate_lower_bound(g[e], a, bias, p.lower_bound);
+      decay[e] = expf(gamma);
+    }
+  }
+  const float beta = kdakit::cuda::beta_activation(beta_raw, p.use_beta_sigmoid, p.allow_neg_eigval);
+
+  // --- store
+  float* q_s = smem + Plan::q(group) + slot_in_group * kHeadDim + i0;
+  float* k_s = smem + Plan::k(group) + slot_in_group * kHeadDim + i0;
+  float* d_s = smem + Plan::decay(group) + slot_in_group * kHeadDim + i0;
+#pragma unroll
+  for (int e = 0; e < kE; ++e) {
+    q_s[e] = q[e];
+    k_s[e] = k[e];
+    d_s[e] = decay[e];
+  }
+  smem[Plan::v(group) + slot_in_group * kValuesPerCta + lane] = v;
+  if (lane == 0) {
+    smem[Plan::beta(group) + slot_in_group] = beta;
+    smem[Plan::kq(group) + slot_in_group] = kq;
+  }
+}
+
+// Reads n consecutive fp32 values of shared memory (16-byte aligned) into registers.
+template <int kN>
+__device__ __forceinline__ void load_smem(const float* p, float (&out)[kN]) {
+  if constexpr (kN % 4 == 0) {
+#pragma unroll
+    for (int i = 0; i < kN; i += 4) {
+      const float4 x = *reinterpret_cast<const float4*>(p + i);
+      out[i] = x.x;
+      out[i + 1] = x.y;
+      out[i + 2] = x.z;
+      out[i + 3] = x.w;
+    }
+  } else if constexpr (kN % 2 == 0) {
+#pragma unroll
+    for (int i = 0; i < kN; i += 2) {
+      const float2 x = *reinterpret_cast<const float2*>(p + i);
+      out[i] = x.x;
+      out[i + 1] = x.y;
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < kN; ++i) out[i] = p[i];
+  }
+}
+
+// ------------------------------------------------------------------------------------------
+// State slice of one thread, per layout
+// ------------------------------------------------------------------------------------------
+
+// kVFirst: kRowsPerWarp rows x kE key channels. Element (r, e) is S^T[j0 + 8w + r][lane*kE + e].
+template <class StateT, int kHeadDim>
+struct VFirstSlice {
+  static constexpr int kE = kHeadDim / 32;
+  float s[kRowsPerWarp][kE];
+
+  // NOTE: one 32-bit offset per thread plus compile-time row offsets (r * K), so that the
+  // loads and stores of every row use the same address register with an immediate offset.
+  __device__ __forceinline__ static int thread_offset(int j0, int warp, int lane) {
+    return (j0 + warp * kRowsPerWarp) * kHeadDim + lane * kE;
+  }
+  __device__ __forceinline__ void load(const StateT* block, int j0, int warp, int lane) {
+    const StateT* base = block + thread_offset(j0, warp, lane);
+#pragma unroll
+    for (int r = 0; r < kRowsPerWarp; ++r) kdakit::cuda::load_vec_stream<kE>(base + r * kHeadDim, s[r]);
+  }
+  __device__ __forceinline__ void zero() {
+#pragma unroll
+    for (int r = 0; r < kRowsPerWarp; ++r)
+#pragma unroll
+      for (int e = 0; e < kE; ++e) s[r][e] = 0.f;
+  }
+  __device__ __forceinline__ void store(StateT* block, int j0, int warp, int lane) const {
+    StateT* base = block + thread_offset(j0, warp, lane);
+#pragma unroll
+    for (int r = 0; r < kRowsPerWarp; ++r) kdakit::cuda::store_vec_stream<kE>(base + r * kHeadDim, s[r]);
+  }
+};
+
+// kKFirst: kRows key rows x kColsPerThread value columns. Element (r, c) is
+// S[rg * kRows + r][j0 + 4 * (lane % 8) + c].
+template <class StateT, int kHeadDim>
+struct KFirstSlice {
+  static constexpr int kRows = kHeadDim / kRowGroups;
+  static_assert(kHeadDim % kRowGroups == 0, "K must split over the 16 row groups");
+  float s[kRows][kColsPerThread];
+
+  __device__ __forceinline__ static int row_group(int warp, int lane) { return warp * (32 / kLanesPerRow) + lane / kLanesPerRow; }
+  __device__ __forceinline__ static int thread_offset(int j0, int warp, int lane) {
+    return row_group(warp, lane) * kRows * kHeadDim + j0 + (lane % kLanesPerRow) * kColsPerThread;
+  }
+  __device__ __forceinline__ void load(const StateT* block, int j0, int warp, int lane) {
+    const StateT* base = block + thread_offset(j0, warp, lane);
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) kdakit::cuda::load_vec_stream<kColsPerThread>(base + r * kHeadDim, s[r]);
+  }
+  __device__ __forceinline__ void zero() {
+#pragma unroll
+    for (int r = 0; r < kRows; ++r)
+#pragma unroll
+      for (int c = 0; c < kColsPerThread; ++c) s[r][c] = 0.f;
+  }
+  __device__ __forceinline__ void store(StateT* block, int j0, int warp, int lane) const {
+    StateT* base = block + thread_offset(j0, warp, lane);
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) kdakit::cuda::store_vec_stream<kColsPerThread>(base + r * kHeadDim, s[r]);
+  }
+};
+
+// ------------------------------------------------------------------------------------------
+// One token on the registers
+// ------------------------------------------------------------------------------------------
+
+// One stage of the V-first reduce-scatter: a lane keeps values [0, kHalf) or [kHalf, 2 kHalf)
+// of part (by lane bit log2(2 kHalf)) and adds the partner lane's copy of the kept half.
+template <int kHalf, int kN>
+__device__ __forceinline__ void reduce_scatter_stage(float (&part)[kN], int lane) {
+  const bool upper = (lane & (2 * kHalf)) != 0;
+#pragma unroll
+  for (int i = 0; i < kHalf; ++i) {
+    const float lo = part[i], hi = part[i + kHalf];
+    const float send = upper ? lo : hi;
+    const float keep = upper ? hi : lo;
+    part[i] = keep + __shfl_xor_sync(0xffffffffu, send, 2 * kHalf);
+  }
+}
+
+// kVFirst. Updates the warp's rows; *o_row_out gets o of row (lane >> 1) & 7 on lanes 16..31.
+template <class StateT, int kHeadDim>
+__device__ __forceinline__ void step_vfirst(VFirstSlice<StateT, kHeadDim>& st, const float* smem, int group,
+                                            int tt, int warp, int lane, float* o_row_out) {
+  using Plan = SharedMemoryPlan<kHeadDim>;
+  constexpr int kE = VFirstSlice<StateT, kHeadDim>::kE;
+  float q[kE], k[kE], d[kE];
+  load_smem<kE>(smem + Plan::q(group) + tt * kHeadDim + lane * kE, q);
+  load_smem<kE>(smem + Plan::k(group) + tt * kHeadDim + lane * kE, k);
+  load_smem<kE>(smem + Plan::decay(group) + tt * kHeadDim + lane * kE, d);
+  const float beta = smem[Plan::beta(group) + tt];
+  const float kq = smem[Plan::kq(group) + tt];
+
+  // part[r] = partial <s_r, k> of row r, part[8 + r] = partial <s_r, q>, over this lane's
+  // key channels.
+  static_assert(kRowsPerWarp == 8, "the reduce-scatter below is written for 16 partial sums");
+  float part[2 * kRowsPerWarp];
+#pragma unroll
+  for (int r = 0; r < kRowsPerWarp; ++r) {
+    part[r] = 0.f;
+    part[kRowsPerWarp + r] = 0.f;
+#pragma unroll
+    for (int e = 0; e < kE; ++e) {
+      st.s[r][e] *= d[e];
+      part[r] = fmaf(st.s[r][e], k[e], part[r]);
+      part[kRowsPerWarp + r] = fmaf(st.s[r][e], q[e], part[kRowsPerWarp + r]);
+    }
+  }
+  // NOTE: reduce-scatter over the 32 lanes instead of 16 butterfly reductions (80 shuffles):
+  // at each stage a lane keeps the half of its values selected by one lane bit and adds the
+  // partner's copy of that half (8 + 4 + 2 + 1 shuffles), then one last xor-1 step. Lane l
+  // ends with the full sum of value index 8 b4 + 4 b3 + 2 b2 + b1 (b = bits of l): lanes
+  // 0..15 hold <s_r, k> of row r = (l >> 1) & 7, lanes 16..31 hold <s_r, q> of that row.
+  // Fewer shuffles and far fewer live temporaries than the butterflies.
+  reduce_scatter_stage<8>(part, lane);
+  reduce_scatter_stage<4>(part, lane);
+  reduce_scatter_stage<2>(part, lane);
+  reduce_scatter_stage<1>(part, lane);
+  const float total = part[0] + __shfl_xor_sync(0xffffffffu, part[0], 1);
+  const int my_row = (lane >> 1) & (kRowsPerWarp - 1);
+
+  // delta of row my_row on the lanes holding <s_r, k>; every lane needs every row's delta.
+  const float* v_s = smem + Plan::v(group) + tt * kValuesPerCta + warp * kRowsPerWarp;
+  const float my_delta = beta * (v_s[my_row] - total);
+#pragma unroll
+  for (int r = 0; r < kRowsPerWarp; ++r) {
+    const float delta = __shfl_sync(0xffffffffu, my_delta, 2 * r);
+#pragma unroll
+    for (int e = 0; e < kE; ++e) st.s[r][e] = fmaf(delta, k[e], st.s[r][e]);
+  }
+  // o_r = <s_r, q> + delta_r <k, q> on the lanes holding <s_r, q> (lane 16 + 2r and its pair).
+  const float partner_delta = __shfl_xor_sync(0xffffffffu, my_delta, 16);
+  *o_row_out = fmaf(partner_delta, kq, total);
+}
+
+// kKFirst. `reduce` is this token's half of the double-buffered cross-warp buffer. Returns
+// the outputs of the thread's columns in o[] (valid in every thread).
+template <class StateT, int kHeadDim>
+__device__ __forceinline__ void step_kfirst(KFirstSlice<StateT, kHeadDim>& st, const float* smem, float* reduce,
+                                            int group, int tt, int warp, int lane,
+                                            float (&o)[kColsPerThread]) {
+  using Plan = SharedMemoryPlan<kHeadDim>;
+  constexpr int kRows = KFirstSlice<StateT, kHeadDim>::kRows;
+  const int rg = KFirstSlice<StateT, kHeadDim>::row_group(warp, lane);
+  const int cg = lane % kLanesPerRow;
+  // NOTE: q, k and decay of the thread's key rows are read from shared memory where used
+  // (broadcast within the 8 lanes of a row group) rather than held: 3 x kRows registers saved.
+  const float* q_s = smem + Plan::q(group) + tt * kHeadDim + rg * kRows;
+  const float* k_s = smem + Plan::k(group) + tt * kHeadDim + rg * kRows;
+  const float* d_s = smem + Plan::decay(group) + tt * kHeadDim + rg * kRows;
+  const float beta = smem[Plan::beta(group) + tt];
+  const float kq = smem[Plan::kq(group) + tt];
+
+  float pk[kColsPerThread], pq[kColsPerThread];
+#pragma unroll
+  for (int c = 0; c < kColsPerThread; ++c) {
+    pk[c] = 0.f;
+    pq[c] = 0.f;
+  }
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) {
+    const float d = d_s[r], k = k_s[r], q = q_s[r];
+#pragma unroll
+    for (int c = 0; c < kColsPerThread; ++c) {
+      st.s[r][c] *= d;
+      pk[c] = fmaf(st.s[r][c], k, pk[c]);
+      pq[c] = fmaf(st.s[r][c], q, pq[c]);
+    }
+  }
+  // Across the row groups of this warp (lanes with equal l % 8).
+#pragma unroll
+  for (int offset = kLanesPerRow; offset < 32; offset <<= 1) {
+#pragma unroll
+    for (int c = 0; c < kColsPerThread; ++c) {
+      pk[c] += __shfl_xor_sync(0xffffffffu, pk[c], offset);
+      pq[c] += __shfl_xor_sync(0xffffffffu, pq[c], offset);
+    }
+  }
+  // Across warps through shared memory: reduce[warp][0 = pred, 1 = qd][column].
+  if (lane < kLanesPerRow) {
+    float* dst = reduce + warp * 2 * kValuesPerCta + cg * kColsPerThread;
+    *reinterpret_cast<float4*>(dst) = make_float4(pk[0], pk[1], pk[2], pk[3]);
+    *reinterpret_cast<float4*>(dst + kValuesPerCta) = make_float4(pq[0], pq[1], pq[2], pq[3]);
+  }
+  __syncthreads();
+  static_assert(kColsPerThread == 4, "the cross-warp exchange moves one float4 per column group");
+  float pred[kColsPerThread] = {0.f, 0.f, 0.f, 0.f}, qd[kColsPerThread] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+  for (int w = 0; w < kNumWarps; ++w) {
+    const float* src = reduce + w * 2 * kValuesPerCta + cg * kColsPerThread;
+    const float4 a = *reinterpret_cast<const float4*>(src);
+    const float4 b = *reinterpret_cast<const float4*>(src + kValuesPerCta);
+    pred[0] += a.x, pred[1] += a.y, pred[2] += a.z, pred[3] += a.w;
+    qd[0] += b.x, qd[1] += b.y, qd[2] += b.z, qd[3] += b.w;
+  }
+  const float* v_s = smem + Plan::v(group) + tt * kValuesPerCta + cg * kColsPerThread;
+#pragma unroll
+  for (int c = 0; c < kColsPerThread; ++c) {
+    const float delta = beta * (v_s[c] - pred[c]);
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) st.s[r][c] = fmaf(delta, k_s[r], st.s[r][c]);
+    o[c] = fmaf(delta, kq, qd[c]);
+  }
+}
+
+// ------------------------------------------------------------------------------------------
+// The kernel
+// ------------------------------------------------------------------------------------------
+
+template <class StateT, StateLayout kLayout, int kHeadDim>
+__global__ void __launch_bounds__(kThreads, min_ctas_per_sm(kLayout)) kda_decode_sm90_kernel(const __grid_constant__ RecurrentKernelParams p) {
+  using Plan = SharedMemoryPlan<kHeadDim>;
+  using Slice = std::conditional_t<kLayout == StateLayout::kVFirst, VFirstSlice<StateT, kHeadDim>,
+                                   KFirstSlice<StateT, kHeadDim>>;
+  constexpr int kSlices = kHeadDim / kValuesPerCta;
+  constexpr int64_t kBlockElems = int64_t(kHeadDim) * kHeadDim;
+  extern __shared__ float4 smem_raw[];
+  float* smem = reinterpret_cast<float*>(smem_raw);
+
+  const int warp = threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  // NOTE: the launcher caps the grid at 2^31 - 1 CTAs, so 32-bit index math is exact.
+  const int cta = int(blockIdx.x);
+  const int j0 = (cta % kSlices) * kValuesPerCta;
+  const int h = (cta / kSlices) % p.num_v_heads;
+  const int64_t n = cta / (kSlices * p.num_v_heads);
+  const int64_t head_offset = int64_t(h) * kBlockElems;
+
+  // --- 1. sequence, start state, final destination
+  const TokenRange range = token_range(p, n);
+  const int64_t len = range.end - range.begin;
+  const StateT* init = nullptr;
+  StateT* final_dst = nullptr;
+  const int32_t* index_row = nullptr;
+  bool padding = false;
+  if (p.mode == Mode::kDecode) {
+    StateT* pool = static_cast<StateT*>(p.pool);
+    index_row = p.state_indices + n * p.stride_state_indices_n;
+    const int cols = p.num_index_cols;
+    const int accepted = p.num_accepted_tokens != nullptr ? min(max(p.num_accepted_tokens[n], 1), cols) : 1;
+    const int64_t start = index_row[accepted - 1];
+    padding = !slot_valid(start, p.num_pool_slots, p.null_slot_is_padding);
+    if (!padding) {
+      init = pool + start * p.stride_pool_slot + head_offset;
+      if (cols == 1 && len > 0) final_dst = pool + start * p.stride_pool_slot + head_offset;
+    }
+  } else {
+    if (p.initial_state != nullptr) {
+      const StateT* base = static_cast<const StateT*>(p.initial_state);
+      if (p.initial_state_indices == nullptr) {
+        init = base + n * p.stride_initial_state_n + head_offset;
+      } else {
+        const int64_t slot = p.initial_state_indices[n];
+        if (slot_valid(slot, p.num_initial_slots, false)) init = base + slot * p.stride_initial_state_n + head_offset;
+      }
+    }
+    if (p.final_state != nullptr) {
+      StateT* base = static_cast<StateT*>(p.final_state);
+      if (p.final_state_indices == nullptr) {
+        final_dst = base + n * p.stride_final_state_n + head_offset;
+      } else {
+        const int64_t slot = p.final_state_indices[n];
+        if (slot_valid(slot, p.num_final_slots, false)) final_dst = base + slot * p.stride_final_state_n + head_offset;
+      }
+    }
+  }
+
+  if (padding) {
+    // NOTE: a padding row still owns its output rows: zeros, so that no stale value leaks.
+    for (int64_t x = threadIdx.x; x < len * kValuesPerCta; x += kThreads) {
+      const int64_t t = range.begin + x / kValuesPerCta;
+      const int j = j0 + int(x % kValuesPerCta);
+      store_from_float(p.o, p.dtype_qkv,
+                       range.row * p.stride_o_b + t * p.stride_o_t + int64_t(h) * p.stride_o_h + j, 0.f);
+    }
+    return;
+  }
+
+  // --- 2. state loads, all issued before the first use
+  Slice st;
+  if (init != nullptr) {
+    st.load(init, j0, warp, lane);
+  } else {
+    st.zero();
+  }
+
+  const bool write_chunks = p.mode == Mode::kPrefill && p.chunk_states != nullptr && p.chunk_state_interval > 0;
+  int64_t next_chunk_entry = write_chunks ? first_chunk_entry(p, n, lane) : 0;
+  int64_t next_chunk_token = 0;  // the next chunk state is the one before this token
+  const bool write_per_token = p.mode == Mode::kDecode && p.num_index_cols > 1;
+
+  // --- 3. token groups
+  const int group = p.token_group;
+  float* reduce = smem;
+  int parity = 0;
+#pragma unroll 1
+  for (int64_t g0 = 0; g0 < len; g0 += group) {
+    const int count = int(min(int64_t(group), len - g0));
+#pragma unroll 1
+    for (int tt = warp; tt < count; tt += kNumWarps) {
+      preprocess_token<kHeadDim>(p, smem, group, tt, range.row, range.begin + g0 + tt, h, j0, lane);
+    }
+    __syncthreads();
+
+#pragma unroll 1
+    for (int tt = 0; tt < count; ++tt) {
+      const int64_t t = g0 + tt;  // token index inside the sequence
+      if (write_chunks && t == next_chunk_token) {
+        if (next_chunk_entry < p.num_chunk_states) {
+          st.store(static_cast<StateT*>(p.chunk_states) + next_chunk_entry * p.num_v_heads * kBlockElems +
+                       head_offset,
+                   j0, warp, lane);
+        }
+        ++next_chunk_entry;
+        next_chunk_token += p.chunk_state_interval;
+      }
+
+      const int64_t o_base = range.row * p.stride_o_b + (range.begin + t) * p.stride_o_t + int64_t(h) * p.stride_o_h;
+      if constexpr (kLayout == StateLayout::kVFirst) {
+        float out;
+        step_vfirst<StateT, kHeadDim>(st, smem, group, tt, warp, lane, &out);
+        if (lane >= 16 && (lane & 1) == 0) {
+          store_from_float(p.o, p.dtype_qkv, o_base + j0 + warp * kRowsPerWarp + ((lane >> 1) & (kRowsPerWarp - 1)), out);
+        }
+      } else {
+        float out[kColsPerThread];
+        step_kfirst<StateT, kHeadDim>(st, smem, reduce + parity * kNumWarps * 2 * kValuesPerCta, group, tt, warp,
+                                      lane, out);
+        parity ^= 1;
+        if (warp == 0 && lane < kLanesPerRow) {
+#pragma unroll
+          for (int c = 0; c < kColsPerThread; ++c) {
+            store_from_float(p.o, p.dtype_qkv, o_base + j0 + lane * kColsPerThread + c, out[c]);
+          }
+        }
+      }
+
+      if (write_per_token && t < p.num_index_cols) {
+        const int64_t slot = index_row[t];
+        if (slot_valid(slot, p.num_pool_slots, p.null_slot_is_padding)) {
+          st.store(static_cast<StateT*>(p.pool) + slot * p.stride_pool_slot + head_offset, j0, warp, lane);
+        }
+      }
+    }
+    __syncthreads();
+  }
+
+  // --- 4. final state
+  if (final_dst != nullptr) st.store(final_dst, j0, warp, lane);
+}
+
+template <class StateT, StateLayout kLayout, int kHeadDim>
+Status launch_recurrent(const RecurrentKernelParams& p, cudaStream_t stream) {
+  static_assert(kHeadDim % kValuesPerCta == 0 && kHeadDim % 32 == 0, "K = V must be a multiple of 32");
+  const int64_t ctas = p.num_seqs * p.num_v_heads * (kHeadDim / kValuesPerCta);
+  if (ctas <= 0) return Status::Ok();
+  if (ctas > int64_t{0x7fffffff}) {
+    return Status(StatusCode::kUnsupported,
+                  "decode: num_seqs * num_v_heads * " + std::to_string(kHeadDim / kValuesPerCta) +
+                      " CTAs exceed the grid limit 2^31 - 1 (got " + std::to_string(ctas) + ")");
+  }
+  const int smem_bytes = SharedMemoryPlan<kHeadDim>::bytes(p.token_group);
+  kda_decode_sm90_kernel<StateT, kLayout, kHeadDim><<<dim3(unsigned(ctas)), kThreads, smem_bytes, stream>>>(p);
+  const cudaError_t err = cudaGetLastError();
+  if (err != cudaSuccess) {
+    return Status(StatusCode::kCudaError, std::string(__FILE__) + ":" + std::to_string(__LINE__) +
+                                              ": kda_decode_sm90_kernel launch failed: " + cudaGetErrorString(err));
+  }
+  return Status::Ok();
+}
+
+}  // namespace kdakit::sm90::recurrent

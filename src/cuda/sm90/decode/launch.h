@@ -1,0 +1,14 @@
+// Launcher of the token-serial KDA kernel (kernel.cuh), one explicit instantiation per
+// (state storage type, state layout, head dim) in instantiations/. Host-includable.
+#pragma once
+
+#include "cuda/sm90/decode/config.h"
+#include "kdakit/kdakit.h"
+
+namespace kdakit::sm90::recurrent {
+
+// StateT: float or __nv_bfloat16 (the pool / state storage type). kHeadDim: K = V.
+template <class StateT, StateLayout kLayout, int kHeadDim>
+Status launch_recurrent(const RecurrentKernelParams& p, cudaStream_t stream);
+
+}  // namespace kdakit::sm90::recurrent
