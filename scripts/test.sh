@@ -2,7 +2,8 @@
 # Every test on a fresh machine: GoogleTest from apt if missing, a virtual environment with
 # pinned Python packages (cmake included), a CMake build of the library, kernels (when nvcc
 # exists), extension and tests, then CTest (the GoogleTest suites and the pytest suite; GPU
-# tests skip without a GPU).
+# tests skip without a GPU). Arguments are passed on to the CMake configure step, e.g.
+# -DKDAKIT_ENABLE_CUDA=OFF for a CPU-only build.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 
@@ -17,6 +18,6 @@ kdakit_venv .venv-test scripts/requirements-test.txt
 
 build_dir="${KDAKIT_BUILD_DIR:-build-test}"
 "$venv_bin/cmake" -S . -B "$build_dir" -DCMAKE_BUILD_TYPE=Release -DKDAKIT_BUILD_TESTS=ON \
-  -DKDAKIT_BUILD_PYTHON=ON -DPython3_EXECUTABLE="$py" -DPython_EXECUTABLE="$py"
+  -DKDAKIT_BUILD_PYTHON=ON -DPython3_EXECUTABLE="$py" -DPython_EXECUTABLE="$py" "$@"
 "$venv_bin/cmake" --build "$build_dir" -j"$(nproc)"
 "$venv_bin/ctest" --test-dir "$build_dir" --output-on-failure -j"$(nproc)"
