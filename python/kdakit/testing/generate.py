@@ -1,8 +1,8 @@
 """Fresh random inputs for a PrefillCase or DecodeCase, as numpy arrays or torch tensors.
 
 Every call draws new values (no fixed seed unless one is passed), never zeros. Value ranges:
-q, k, v ~ N(0, 1) (q, k ~ N(0, 1/K) without the q/k L2 norm); raw gate input g ~ N(0, 1) for the softplus / lower-bound gates and a
-precomputed log decay in about [-0.7, -0.02] otherwise; beta logits ~ N(0, 1) with the beta
+q, k, v ~ N(0, 1) (q, k ~ N(0, 1/K) without the q/k L2 norm); raw gate input g ~ N(0, 1) for
+the softplus / lower-bound gates, a precomputed log decay log(sigmoid(N(2, 1))) otherwise; beta logits ~ N(0, 1) with the beta
 sigmoid, else beta ~ U(0, 1); A_log = log U(1, 8); dt_bias ~ N(0, 0.5); states ~ N(0, 0.1).
 """
 
@@ -28,45 +28,102 @@ def to_torch(x: np.ndarray, dtype: str | None = None, device: str = "cpu"):
     return t.to(device=device, dtype=getattr(torch, dtype) if dtype else t.dtype)
 
 
-def _cast(x: np.ndarray, dtype: str, lib: str, device: str):
+class _NumpyDraw:
+    """Random float values as numpy float64, cast at the end."""
+
+    def __init__(self, rng: np.random.Generator):
+        self.rng = rng
+
+    def normal(self, shape, std=1.0, mean=0.0):
+        return mean + std * self.rng.standard_normal(shape)
+
+    def uniform(self, lo, hi, shape):
+        return self.rng.uniform(lo, hi, shape)
+
+    def log_sigmoid(self, x):
+        return -np.log1p(np.exp(-x))
+
+    def log(self, x):
+        return np.log(x)
+
+    def cast(self, x, dtype):
+        if dtype not in _NUMPY:
+            raise TypeError(f"numpy has no {dtype}; use lib='torch' for {dtype} inputs")
+        return np.ascontiguousarray(x.astype(_NUMPY[dtype]))
+
+
+class _TorchDraw:
+    """Random float values drawn by torch directly on the device (benchmark shapes reach
+    hundreds of millions of elements), seeded from the numpy generator."""
+
+    def __init__(self, rng: np.random.Generator, device: str):
+        import torch
+
+        self.torch = torch
+        self.device = torch.device(device)
+        self.gen = torch.Generator(device=self.device)
+        self.gen.manual_seed(int(rng.integers(0, 2**62)))
+
+    def normal(self, shape, std=1.0, mean=0.0):
+        x = self.torch.randn(shape, generator=self.gen, device=self.device, dtype=self.torch.float32)
+        return x.mul_(std).add_(mean)
+
+    def uniform(self, lo, hi, shape):
+        x = self.torch.rand(shape, generator=self.gen, device=self.device, dtype=self.torch.float32)
+        return x.mul_(hi - lo).add_(lo)
+
+    def log_sigmoid(self, x):
+        return self.torch.nn.functional.logsigmoid(x)
+
+    def log(self, x):
+        return self.torch.log(x)
+
+    def cast(self, x, dtype):
+        return x.to(dtype=getattr(self.torch, dtype)).contiguous()
+
+
+def _draw(rng: np.random.Generator, lib: str, device: str):
     if lib == "torch":
-        return to_torch(x.astype(np.float32) if x.dtype.kind == "f" else x, dtype, device)
-    if dtype not in _NUMPY:
-        raise TypeError(f"numpy has no {dtype}; use lib='torch' for {dtype} inputs")
-    return np.ascontiguousarray(x.astype(_NUMPY[dtype]))
+        return _TorchDraw(rng, device)
+    if lib != "numpy":
+        raise ValueError(f"lib: expected 'numpy' or 'torch', got {lib!r}")
+    if device != "cpu":
+        raise ValueError(f"device: numpy arrays live on the CPU, got {device!r}")
+    return _NumpyDraw(rng)
 
 
-def _gate_values(rng: np.random.Generator, gate: str, shape: tuple[int, ...]) -> np.ndarray:
-    if gate == "precomputed":
-        x = rng.standard_normal(shape) + 2.0
-        return -np.log1p(np.exp(-x))  # log(sigmoid(x)) <= 0
-    return rng.standard_normal(shape)
+def _index_array(x: np.ndarray, lib: str, device: str):
+    return to_torch(x, None, device) if lib == "torch" else np.ascontiguousarray(x)
 
 
-def _common(rng, case, B, T, lib, device) -> dict[str, Any]:
+def _common(d, case, B, T, lib) -> dict[str, Any]:
     H, HV, K, V = case.H, case.num_v_heads, case.K, case.V
     dt = case.dtype
-    # g and beta follow q's dtype on the GPU path (bf16 in the benchmarks), fp32 in numpy.
+    # g and beta follow q's dtype with torch (bf16 in the benchmarks), fp32 with numpy.
     gdt = dt if lib == "torch" else "float32"
     # NOTE: without the in-kernel L2 norm, q and k are drawn with norm ~1 (as a caller's own
     # normalisation would leave them); N(0, 1) keys of norm sqrt(K) make beta * ||k||^2 > 2 and
     # the delta rule diverge, which tests nothing but overflow.
-    qk_scale = 1.0 if case.use_qk_l2norm else K ** -0.5
+    qk_std = 1.0 if case.use_qk_l2norm else K ** -0.5
+    if case.gate == "precomputed":
+        g = d.log_sigmoid(d.normal((B, T, HV, K), mean=2.0))  # log(sigmoid(x)) <= 0
+    else:
+        g = d.normal((B, T, HV, K))
+    beta = d.normal((B, T, HV)) if case.use_beta_sigmoid else d.uniform(0.0, 1.0, (B, T, HV))
     out = {
-        "q": _cast(qk_scale * rng.standard_normal((B, T, H, K)), dt, lib, device),
-        "k": _cast(qk_scale * rng.standard_normal((B, T, H, K)), dt, lib, device),
-        "v": _cast(rng.standard_normal((B, T, HV, V)), dt, lib, device),
-        "g": _cast(_gate_values(rng, case.gate, (B, T, HV, K)), gdt, lib, device),
-        "beta": _cast(rng.standard_normal((B, T, HV)) if case.use_beta_sigmoid
-                      else rng.uniform(0.0, 1.0, (B, T, HV)), gdt, lib, device),
+        "q": d.cast(d.normal((B, T, H, K), std=qk_std), dt),
+        "k": d.cast(d.normal((B, T, H, K), std=qk_std), dt),
+        "v": d.cast(d.normal((B, T, HV, V)), dt),
+        "g": d.cast(g, gdt),
+        "beta": d.cast(beta, gdt),
         "A_log": None,
         "dt_bias": None,
     }
     if case.gate != "precomputed":
         if case.use_A_log or case.gate == "softplus":
-            out["A_log"] = _cast(np.log(rng.uniform(1.0, 8.0, (HV,))), "float32", lib, device)
+            out["A_log"] = d.cast(d.log(d.uniform(1.0, 8.0, (HV,))), "float32")
         if case.use_dt_bias:
-            out["dt_bias"] = _cast(0.5 * rng.standard_normal((HV * K,)), "float32", lib, device)
+            out["dt_bias"] = d.cast(d.normal((HV * K,), std=0.5), "float32")
     return out
 
 
@@ -80,13 +137,14 @@ def prefill_inputs(case: PrefillCase, lib: str = "numpy", device: str = "cpu",
     """Inputs of ``case``: q, k, v, g, beta, A_log, dt_bias, cu_seqlens (int64, or None),
     initial_state (or None)."""
     rng = np.random.default_rng(seed)
-    out = _common(rng, case, case.B, case.T, lib, device)
+    d = _draw(rng, lib, device)
+    out = _common(d, case, case.B, case.T, lib)
     cu = case.cu_seqlens
-    out["cu_seqlens"] = None if cu is None else _cast(np.array(cu, dtype=np.int64), "int64", lib, device)
+    out["cu_seqlens"] = None if cu is None else _index_array(np.array(cu, dtype=np.int64), lib, device)
     out["initial_state"] = None
     if case.initial_state:
-        out["initial_state"] = _cast(0.1 * rng.standard_normal(_state_shape(case, case.N)),
-                                     case.state_dtype, lib, device)
+        out["initial_state"] = d.cast(d.normal(_state_shape(case, case.N), std=0.1),
+                                      case.state_dtype)
     return out
 
 
@@ -108,12 +166,13 @@ def decode_inputs(case: DecodeCase, lib: str = "numpy", device: str = "cpu",
     (the pool, random), state_indices (int32 [N] or [N, 1 + spec], distinct slots; the last
     ``padding_rows`` rows -1) and num_accepted_tokens (int32 [N] with spec, else None)."""
     rng = np.random.default_rng(seed)
+    d = _draw(rng, lib, device)
     N, T = case.batch, case.tokens
     if case.packed:
-        out = _common(rng, case, 1, N * T, lib, device)
-        out["cu_seqlens"] = _cast(np.arange(N + 1, dtype=np.int64) * T, "int64", lib, device)
+        out = _common(d, case, 1, N * T, lib)
+        out["cu_seqlens"] = _index_array(np.arange(N + 1, dtype=np.int64) * T, lib, device)
     else:
-        out = _common(rng, case, N, T, lib, device)
+        out = _common(d, case, N, T, lib)
         out["cu_seqlens"] = None
     cols = 1 + case.spec
     if case.slots < N * cols:
@@ -123,13 +182,12 @@ def decode_inputs(case: DecodeCase, lib: str = "numpy", device: str = "cpu",
         idx[N - case.padding_rows:, :] = -1
     if not case.spec:
         idx = idx[:, 0].copy()
-    out["state_indices"] = _cast(idx, "int32", lib, device)
+    out["state_indices"] = _index_array(idx, lib, device)
     out["num_accepted_tokens"] = None
     if case.spec:
         acc = rng.integers(1, cols + 1, size=(N,)).astype(np.int32)
-        out["num_accepted_tokens"] = _cast(acc, "int32", lib, device)
-    out["state"] = _cast(0.1 * rng.standard_normal(_state_shape(case, case.slots)),
-                         case.state_dtype, lib, device)
+        out["num_accepted_tokens"] = _index_array(acc, lib, device)
+    out["state"] = d.cast(d.normal(_state_shape(case, case.slots), std=0.1), case.state_dtype)
     return out
 
 
