@@ -9,6 +9,7 @@
 #pragma once
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <cstdint>
 #include <numeric>
@@ -517,6 +518,104 @@ inline DecodeParams fill_decode_params(const DecodeCase& c, const DecodeTensors&
       .scalar_gate = c.scalar_gate,
       .null_slot_is_padding = c.null_slot_is_padding,
   };
+}
+
+// ------------------------------------------------------------------------------------------
+// Random cases: every knob drawn from the rng (flag combinations no hand-written list has).
+// ------------------------------------------------------------------------------------------
+struct RandomCaseLimits {
+  std::vector<int32_t> head_dims = {16, 32, 64};  // K and V are drawn from these
+  bool equal_head_dims = false;                   // K = V (GPU kernels built for K = V only)
+  int64_t max_seqs = 5;
+  int64_t max_len = 200;
+  int32_t max_qk_heads = 2;
+  int32_t max_gva = 3;  // HV / H in [1, max_gva]
+};
+
+namespace detail {
+template <class T>
+T pick(Rng& rng, std::initializer_list<T> values) {
+  return *(values.begin() + rng.integer(0, int64_t(values.size()) - 1));
+}
+
+template <class Case>
+void random_common(Case& c, Rng& rng, const RandomCaseLimits& lim) {
+  c.H = int32_t(rng.integer(1, lim.max_qk_heads));
+  c.HV = c.H * int32_t(rng.integer(1, lim.max_gva));
+  c.K = lim.head_dims[size_t(rng.integer(0, int64_t(lim.head_dims.size()) - 1))];
+  c.V = lim.equal_head_dims
+            ? c.K
+            : lim.head_dims[size_t(rng.integer(0, int64_t(lim.head_dims.size()) - 1))];
+  c.gate = pick(rng, {GateMode::kPrecomputed, GateMode::kSoftplus, GateMode::kLowerBound});
+  c.lower_bound = float(rng.uniform(-5.0, -0.5));
+  c.has_A_log = c.gate == GateMode::kSoftplus || rng.coin();
+  c.has_dt_bias = rng.coin(0.7);
+  c.scalar_gate = rng.coin(0.25);
+  c.dtype_qkv = pick(rng, {DType::kBFloat16, DType::kFloat16, DType::kFloat32});
+  c.dtype_g = pick(rng, {DType::kBFloat16, DType::kFloat16, DType::kFloat32});
+  c.dtype_beta = pick(rng, {DType::kBFloat16, DType::kFloat16, DType::kFloat32});
+  c.dtype_state = pick(rng, {DType::kFloat32, DType::kBFloat16});
+  c.dtype_cu = pick(rng, {DType::kInt32, DType::kInt64});
+  c.layout = pick(rng, {StateLayout::kVFirst, StateLayout::kKFirst});
+  c.l2norm = rng.coin(0.7);
+  c.beta_sigmoid = rng.coin(0.7);
+  c.neg_eigval = c.beta_sigmoid && rng.coin(0.3);
+  c.pad = rng.coin(0.3) ? rng.integer(1, 3) : 0;
+  c.scale = rng.coin(0.2) ? float(rng.uniform(0.05, 0.3)) : 0.f;
+}
+}  // namespace detail
+
+// The name carries the draw index and the knobs that matter most for reading a failure.
+inline PrefillCase random_prefill_case(Rng& rng, const RandomCaseLimits& lim, int index) {
+  PrefillCase c;
+  detail::random_common(c, rng, lim);
+  if (rng.coin(0.7)) {
+    c.seq_lens.resize(size_t(rng.integer(1, lim.max_seqs)));
+    for (auto& len : c.seq_lens) len = rng.coin(0.15) ? 0 : rng.integer(1, lim.max_len);
+    c.tail = rng.coin(0.2) ? rng.integer(1, 9) : 0;
+  } else {
+    c.batch = rng.integer(1, 3);
+    c.seqlen = rng.integer(1, lim.max_len);
+  }
+  c.initial = detail::pick(rng, {StateSource::kNone, StateSource::kDense, StateSource::kPool});
+  c.final_state = detail::pick(rng, {StateSource::kNone, StateSource::kDense, StateSource::kPool});
+  c.extra_slots = rng.integer(0, 3);
+  c.negative_indices = rng.coin(0.5);
+  if (c.initial == c.final_state && c.initial != StateSource::kNone) c.in_place = rng.coin(0.5);
+  bool any_tokens = !c.packed();
+  for (int64_t len : c.seq_lens) any_tokens = any_tokens || len > 0;
+  if (any_tokens && rng.coin(0.3)) c.chunk_state_interval = rng.coin() ? 64 : 128;
+  c.name = "random" + std::to_string(index) + "_" + to_string(c.gate) + "_K" + std::to_string(c.K) +
+           "_V" + std::to_string(c.V) + "_" + to_string(c.dtype_qkv);
+  for (char& ch : c.name) {
+    if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
+  }
+  return c;
+}
+
+inline DecodeCase random_decode_case(Rng& rng, const RandomCaseLimits& lim, int index) {
+  DecodeCase c;
+  detail::random_common(c, rng, lim);
+  c.num_index_cols = rng.coin(0.4) ? int32_t(rng.integer(2, 4)) : 1;
+  if (rng.coin(0.5)) {
+    c.seq_lens.resize(size_t(rng.integer(1, lim.max_seqs)));
+    for (auto& len : c.seq_lens) len = rng.integer(0, c.num_index_cols + 1);
+    c.tail = rng.coin(0.2) ? rng.integer(1, 3) : 0;
+  } else {
+    c.batch = rng.integer(1, lim.max_seqs);
+    c.seqlen = rng.integer(1, c.num_index_cols + 1);
+  }
+  c.accepted = c.num_index_cols > 1 && rng.coin(0.7);
+  c.padding_rows = rng.integer(0, 2);
+  c.null_slot_is_padding = rng.coin(0.3);
+  c.negative_write_slots = c.num_index_cols > 1 && rng.coin(0.5);
+  c.extra_slots = rng.integer(0, 3);
+  c.name = "random" + std::to_string(index) + "_" + to_string(c.gate) + "_K" + std::to_string(c.K) +
+           "_cols" + std::to_string(c.num_index_cols);
+  for (char& ch : c.name) {
+    if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
+  }
+  return c;
 }
 
 // ------------------------------------------------------------------------------------------

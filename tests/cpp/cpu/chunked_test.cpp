@@ -25,9 +25,7 @@ using testing::StateSource;
 // fp32 accumulation against float64 over chunks of 64 tokens and K <= 128 channels.
 constexpr double kChunkedBar = 1e-5;
 
-void expect_chunked_matches_reference(const PrefillCase& c) {
-  auto rng = testing::make_rng();
-  SCOPED_TRACE(rng.trace());
+void expect_chunked_matches_reference(const PrefillCase& c, testing::Rng& rng) {
   SCOPED_TRACE(c.name);
   PrefillTensors ref = testing::make_prefill_tensors(c, rng);
   PrefillTensors got = ref;
@@ -40,7 +38,11 @@ void expect_chunked_matches_reference(const PrefillCase& c) {
 
 class ChunkedVsReference : public ::testing::TestWithParam<PrefillCase> {};
 
-TEST_P(ChunkedVsReference, OutputsAndStates) { expect_chunked_matches_reference(GetParam()); }
+TEST_P(ChunkedVsReference, OutputsAndStates) {
+  auto rng = testing::make_rng();
+  SCOPED_TRACE(rng.trace());
+  expect_chunked_matches_reference(GetParam(), rng);
+}
 
 auto case_name = [](const ::testing::TestParamInfo<PrefillCase>& info) { return info.param.name; };
 
@@ -87,6 +89,8 @@ INSTANTIATE_TEST_SUITE_P(HeadDims, ChunkedVsReference, ::testing::ValuesIn(head_
 
 // fp32 everything with initial state, GVA, K != V and K-first: the fp32 bar on every tensor.
 TEST(ChunkedVsReferenceFp32, AllFp32StorageMeetsTheFp32Bar) {
+  auto rng = testing::make_rng();
+  SCOPED_TRACE(rng.trace());
   for (StateLayout layout : {StateLayout::kVFirst, StateLayout::kKFirst}) {
     expect_chunked_matches_reference(PrefillCase{.name = "fp32_all",
                                                  .seq_lens = {200, 1, 64, 65},
@@ -101,7 +105,21 @@ TEST(ChunkedVsReferenceFp32, AllFp32StorageMeetsTheFp32Bar) {
                                                  .layout = layout,
                                                  .neg_eigval = true,
                                                  .pad = 1,
-                                                 .chunk_state_interval = 64});
+                                                 .chunk_state_interval = 64},
+                                     rng);
+  }
+}
+
+// Random cases: every knob drawn at random (GVA, K != V, gates, dtypes, layouts, flags, pools,
+// in place, chunk states, tails, empty sequences), a fresh draw each run.
+TEST(ChunkedVsReferenceRandom, RandomCases) {
+  auto rng = testing::make_rng();
+  SCOPED_TRACE(rng.trace());
+  const testing::RandomCaseLimits limits;
+  for (int i = 0; i < 40; ++i) {
+    const PrefillCase c = testing::random_prefill_case(rng, limits, i);
+    expect_chunked_matches_reference(c, rng);
+    if (::testing::Test::HasFailure()) break;
   }
 }
 

@@ -142,10 +142,8 @@ void expected_decode(const DecodeCase& c, const DecodeTensors& t, HostTensor& o,
 
 class DecodeVsPrefill : public ::testing::TestWithParam<DecodeCase> {};
 
-TEST_P(DecodeVsPrefill, OutputsAndPoolBitwise) {
-  const DecodeCase& c = GetParam();
-  auto rng = testing::make_rng();
-  SCOPED_TRACE(rng.trace());
+void expect_decode_matches_prefill(const DecodeCase& c, testing::Rng& rng) {
+  SCOPED_TRACE(c.name);
   const DecodeTensors inputs = testing::make_decode_tensors(c, rng);
   DecodeTensors got = inputs;
   const Status status = testing::run_decode_on_host(cpu::decode_reference, c, got);
@@ -155,6 +153,23 @@ TEST_P(DecodeVsPrefill, OutputsAndPoolBitwise) {
   expected_decode(c, inputs, o, pool);
   EXPECT_TRUE(testing::storage_equal("o", got.o, o));
   EXPECT_TRUE(testing::storage_equal("pool", got.state, pool));
+}
+
+TEST_P(DecodeVsPrefill, OutputsAndPoolBitwise) {
+  auto rng = testing::make_rng();
+  SCOPED_TRACE(rng.trace());
+  expect_decode_matches_prefill(GetParam(), rng);
+}
+
+// Random cases: every knob drawn at random, a fresh draw each run.
+TEST(DecodeVsPrefillRandom, RandomCases) {
+  auto rng = testing::make_rng();
+  SCOPED_TRACE(rng.trace());
+  const testing::RandomCaseLimits limits;
+  for (int i = 0; i < 40; ++i) {
+    expect_decode_matches_prefill(testing::random_decode_case(rng, limits, i), rng);
+    if (::testing::Test::HasFailure()) break;
+  }
 }
 
 auto case_name = [](const ::testing::TestParamInfo<DecodeCase>& info) { return info.param.name; };
