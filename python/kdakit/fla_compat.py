@@ -306,6 +306,10 @@ def fused_recurrent_kda(
         indices = _arrays.arange_int32(kind, N)
         result_state = pool if (inplace_final_state or output_final_state) else None
 
+    if ssm_state_indices is None and indices.shape[0] == 0:
+        # NOTE: no sequences: nothing to run (the decode entry point needs a non-empty pool).
+        o = out if out is not None else _arrays.empty(kind, tuple(v.shape), _arrays.dtype_name(v))
+        return o, result_state
     o = decode(
         q, k, v, g, beta, pool, indices,
         gate=gate, A_log=A_log, dt_bias=dt_bias, lower_bound=lb, scale=scale,

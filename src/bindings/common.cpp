@@ -9,23 +9,39 @@ namespace kdakit::bindings {
 
 namespace {
 
+[[noreturn]] void raise(PyObject* type, const std::string& message) {
+  PyErr_SetString(type, message.c_str());
+  throw nb::python_error();
+}
+
 template <typename Array>
 ArrayView make_view(const char* name, const Array& a) {
   ArrayView v;
   v.name = name;
+  if (a.ndim() > kMaxRank) {
+    raise(PyExc_ValueError, std::string(name) + ": expected at most " +
+                                std::to_string(kMaxRank) + " dimensions, got " +
+                                std::to_string(a.ndim()));
+  }
   v.data = const_cast<void*>(static_cast<const void*>(a.data()));
   v.dtype = a.dtype();
   v.ndim = a.ndim();
-  v.shape = a.shape_ptr();
-  v.strides = a.stride_ptr();
+  bool empty = false;
+  for (size_t i = 0; i < v.ndim; ++i) {
+    v.shape[i] = static_cast<int64_t>(a.shape(i));
+    v.strides[i] = a.stride(i);
+    empty = empty || v.shape[i] == 0;
+  }
+  if (empty) {
+    int64_t stride = 1;
+    for (size_t i = v.ndim; i-- > 0;) {
+      v.strides[i] = stride;
+      stride *= v.shape[i] > 0 ? v.shape[i] : 1;
+    }
+  }
   v.device_type = a.device_type();
   v.device_id = a.device_id();
   return v;
-}
-
-[[noreturn]] void raise(PyObject* type, const std::string& message) {
-  PyErr_SetString(type, message.c_str());
-  throw nb::python_error();
 }
 
 const char* device_name(int device_type) {

@@ -32,14 +32,19 @@ using OptOut = std::optional<OutArray>;
 inline constexpr int kDeviceCpu = 1;
 inline constexpr int kDeviceCuda = 2;
 
+// Highest rank an argument may have (chunk states [B, NT, HV, d, d] have 5).
+inline constexpr size_t kMaxRank = 8;
+
 // One argument's array, seen through DLPack, with the Python argument name for messages.
+// A zero-element array gets row-major strides: exporters give it arbitrary ones (numpy: 0),
+// and nothing is addressed through it.
 struct ArrayView {
   const char* name = nullptr;
   void* data = nullptr;
   nb::dlpack::dtype dtype{};
   size_t ndim = 0;
-  const int64_t* shape = nullptr;
-  const int64_t* strides = nullptr;  // elements
+  int64_t shape[kMaxRank] = {};
+  int64_t strides[kMaxRank] = {};  // elements
   int device_type = 0;
   int device_id = 0;
 

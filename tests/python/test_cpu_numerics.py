@@ -289,3 +289,18 @@ def test_main_job_cpu_case_runs_and_meets_the_bar(capsys):
     assert main(["bench", "--cpu", "--repeats", "1"]) == 0
     out = capsys.readouterr().out
     assert out.count(" ok") == 3 and "rel_l2" in out
+
+
+@pytest.mark.parametrize("seqlens,packed", [((0, 0), False), ((), True), ((0, 0, 0), True)],
+                         ids=["fixed-T0", "packed-N0", "packed-all-empty"])
+def test_degenerate_batches_pass_states_through(seqlens, packed):
+    case = testing.PrefillCase(name="empty", seqlens=seqlens, packed=packed, H=1, K=16, V=16,
+                               dtype="float32", state_layout="k_first", category="corner")
+    x = testing.prefill_inputs(case)
+    args = (x["q"], x["k"], x["v"], x["g"], x["beta"])
+    kw = dict(initial_state=x["initial_state"], output_final_state=True, use_gate_in_kernel=True,
+              lower_bound=-5.0, A_log=x["A_log"], cu_seqlens=x["cu_seqlens"])
+    for fn in (kdakit.chunk_kda, kdakit.fused_recurrent_kda):
+        o, final = fn(*args, **kw)
+        assert o.shape == x["v"].shape
+        assert np.array_equal(final, x["initial_state"]), fn.__name__
