@@ -27,42 +27,54 @@ namespace {
 
 // Scratch for one token of one head.
 struct TokenScratch {
-  std::vector<double> q, k, v, gamma, delta;
+  std::vector<double> q, k, v, gamma, delta, out;
   explicit TokenScratch(const KdaProblem& m)
-      : q(size_t(m.K)), k(size_t(m.K)), v(size_t(m.V)), gamma(size_t(m.K)), delta(size_t(m.V)) {}
+      : q(size_t(m.K)),
+        k(size_t(m.K)),
+        v(size_t(m.V)),
+        gamma(size_t(m.K)),
+        delta(size_t(m.V)),
+        out(size_t(m.V)) {}
   TokenInputs<double> inputs() {
     return TokenInputs<double>{q.data(), k.data(), v.data(), gamma.data(), 0.0};
   }
 };
 
 // One recurrence step on S (S[i * V + j]) for token t of row b, value head h; writes o_t.
+// Two sweeps over S, row by row (every sum runs over i in increasing order):
+//   1. S[i, :] *= exp(gamma_i);  pred += S[i, :] k_i          (prediction on the decayed S)
+//   2. S[i, :] += k_i delta;     out  += S[i, :] scale q_i     (delta = beta (v - pred))
 void step(const KdaProblem& m, int64_t b, int64_t t, int32_t h, double* S, TokenScratch& scratch) {
   const int32_t K = m.K, V = m.V;
   TokenInputs<double> in = scratch.inputs();
   load_token(m, b, t, h, in);
-
-  for (int32_t i = 0; i < K; ++i) {
-    const double decay = std::exp(in.gamma[i]);
-    for (int32_t j = 0; j < V; ++j) S[int64_t(i) * V + j] *= decay;
-  }
-  // delta_j = beta (v_j - sum_i S[i, j] k_i)
   double* delta = scratch.delta.data();
+  double* out = scratch.out.data();
+
   for (int32_t j = 0; j < V; ++j) delta[j] = 0.0;
   for (int32_t i = 0; i < K; ++i) {
-    for (int32_t j = 0; j < V; ++j) delta[j] += S[int64_t(i) * V + j] * in.k[i];
+    double* row = S + int64_t(i) * V;
+    const double decay = std::exp(in.gamma[i]);
+    const double k_i = in.k[i];
+    for (int32_t j = 0; j < V; ++j) {
+      row[j] *= decay;
+      delta[j] += row[j] * k_i;
+    }
   }
   for (int32_t j = 0; j < V; ++j) delta[j] = in.beta * (in.v[j] - delta[j]);
+
+  for (int32_t j = 0; j < V; ++j) out[j] = 0.0;
   for (int32_t i = 0; i < K; ++i) {
-    for (int32_t j = 0; j < V; ++j) S[int64_t(i) * V + j] += in.k[i] * delta[j];
-  }
-  // o_j = sum_i S[i, j] scale q_i; delta is reused as the accumulator.
-  for (int32_t j = 0; j < V; ++j) delta[j] = 0.0;
-  for (int32_t i = 0; i < K; ++i) {
-    const double qs = double(m.scale) * in.q[i];
-    for (int32_t j = 0; j < V; ++j) delta[j] += S[int64_t(i) * V + j] * qs;
+    double* row = S + int64_t(i) * V;
+    const double k_i = in.k[i];
+    const double qs_i = double(m.scale) * in.q[i];
+    for (int32_t j = 0; j < V; ++j) {
+      row[j] += k_i * delta[j];
+      out[j] += row[j] * qs_i;
+    }
   }
   const int64_t o_base = m.o_offset(b, t, h);
-  for (int32_t j = 0; j < V; ++j) store_from_double(m.o, m.dtype_o, o_base + j, delta[j]);
+  for (int32_t j = 0; j < V; ++j) store_from_double(m.o, m.dtype_o, o_base + j, out[j]);
 }
 
 }  // namespace
