@@ -1,11 +1,12 @@
-// Checks shared by the prefill tests of every backend: compare the outputs, final states and
-// chunk states of two runs of the same case (a backend against the reference), and helpers to
-// copy the results a run produced.
+// Checks shared by the prefill and decode tests of every backend: compare the outputs, states
+// and chunk states of two runs of the same case (a backend against the reference), and helpers
+// that run a CPU entry point on host tensors.
 #pragma once
 
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstring>
 #include <string>
 
 #include "common/cases.h"
@@ -56,6 +57,42 @@ inline void expect_prefill_matches(const PrefillCase& c, const PrefillTensors& g
 inline void expect_prefill_matches(const PrefillCase& c, const PrefillTensors& got,
                                    const PrefillTensors& ref, double bar) {
   expect_prefill_matches(c, got, ref, bar, bar);
+}
+
+// For a state pool [slots, HV, ...] (decode state, or a prefill final pool): every slot the
+// reference run left as it was in `before` must be bit-identical in `got` too (a rel-L2 over
+// the whole pool would hide a small write into a slot nobody owns).
+inline ::testing::AssertionResult untouched_slots_equal(const HostTensor& before,
+                                                        const HostTensor& got,
+                                                        const HostTensor& ref) {
+  const int64_t size = cpu::dtype_size(before.dtype);
+  const int64_t slot_elements = before.numel() / std::max<int64_t>(before.shape[0], 1);
+  for (int64_t slot = 0; slot < before.shape[0]; ++slot) {
+    bool ref_untouched = true, got_untouched = true;
+    for (int64_t e = slot * slot_elements; e < (slot + 1) * slot_elements; ++e) {
+      const auto* b = before.bytes.data() + before.offset_of(e) * size;
+      ref_untouched = ref_untouched &&
+                      std::memcmp(b, ref.bytes.data() + ref.offset_of(e) * size, size_t(size)) == 0;
+      got_untouched = got_untouched &&
+                      std::memcmp(b, got.bytes.data() + got.offset_of(e) * size, size_t(size)) == 0;
+    }
+    if (ref_untouched && !got_untouched) {
+      return ::testing::AssertionFailure()
+             << "slot " << slot << " must stay untouched (the reference leaves it) but changed";
+    }
+  }
+  return ::testing::AssertionSuccess();
+}
+
+// Expects decode run `got` to match the reference run `ref` of the same `inputs`: outputs
+// (padding rows: zeros in both) against bar_o, the pool against bar_state, and slots the
+// reference does not write bit-identical.
+inline void expect_decode_matches(const DecodeCase& c, const DecodeTensors& inputs,
+                                  const DecodeTensors& got, const DecodeTensors& ref, double bar_o,
+                                  double bar_state) {
+  EXPECT_TRUE(rel_l2_below("o", got.o, ref.o, storage_bar(c.dtype_qkv, bar_o)));
+  EXPECT_TRUE(rel_l2_below("pool", got.state, ref.state, storage_bar(c.dtype_state, bar_state)));
+  EXPECT_TRUE(untouched_slots_equal(inputs.state, got.state, ref.state));
 }
 
 // Runs `op` (e.g. cpu::prefill_reference) on host tensors `t` of case c.

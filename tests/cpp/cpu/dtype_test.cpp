@@ -9,6 +9,7 @@
 
 #include "common/cases.h"
 #include "common/host_tensor.h"
+#include "common/prefill_checks.h"
 #include "cpu/layout.h"
 
 namespace kdakit {
@@ -120,6 +121,25 @@ TEST(TestLibrary, CaseTensorsMatchTheirParams) {
     if (c.packed())
       EXPECT_EQ(cpu::load_index(p.cu_seqlens, p.dtype_cu_seqlens, p.num_seqs), p.seqlen - c.tail);
   }
+}
+
+// untouched_slots_equal flags a change to a slot the reference leaves alone, and only that.
+TEST(TestLibrary, UntouchedSlotCheckCatchesStrayWrites) {
+  auto rng = testing::make_rng();
+  SCOPED_TRACE(rng.trace());
+  const testing::DecodeCase c{.name = "slots", .batch = 3, .seqlen = 1, .extra_slots = 2};
+  const testing::DecodeTensors inputs = testing::make_decode_tensors(c, rng);
+  testing::DecodeTensors ref = inputs;
+  ASSERT_TRUE(testing::run_decode_on_host(cpu::decode_reference, c, ref).ok());
+  const auto* idx = static_cast<const int32_t*>(inputs.state_indices.data());
+  int64_t untouched = 0;
+  while (untouched == idx[0] || untouched == idx[1] || untouched == idx[2]) ++untouched;
+  testing::DecodeTensors got = ref;
+  EXPECT_TRUE(testing::untouched_slots_equal(inputs.state, got.state, ref.state));
+  got.state.set_at({idx[1], 1, 3, 4}, got.state.at({idx[1], 1, 3, 4}) + 1e-3);  // a written slot
+  EXPECT_TRUE(testing::untouched_slots_equal(inputs.state, got.state, ref.state));
+  got.state.set_at({untouched, 0, 2, 2}, got.state.at({untouched, 0, 2, 2}) + 1e-3);
+  EXPECT_FALSE(testing::untouched_slots_equal(inputs.state, got.state, ref.state));
 }
 
 }  // namespace
