@@ -10,10 +10,10 @@
 // are rounded to bf16 only as MMA operands; the master state stays fp32 in registers from the
 // first chunk to the last, whatever the storage dtype of the initial/final state.
 //
-// Grid: (sequence n, value head h, value slice z); the CTA owns value rows
-// [z * kValueRows, (z + 1) * kValueRows). Value rows never mix, so the split is exact, and each
-// CTA reads its slice of the initial state before it writes the same slice of the final state:
-// in-place state updates are exact.
+// Grid: one CTA per (sequence n, value head h, value slice z), flattened with z fastest; the
+// CTA owns value rows [z * kValueRows, (z + 1) * kValueRows). Value rows never mix, so the split
+// is exact, and each CTA reads its slice of the initial state before it writes the same slice
+// of the final state: in-place state updates are exact.
 //
 // Warps: kConsumerWarps = kValueRows / 16, all alike. Each owns 16 value rows x 128 key
 //   channels of S^T as 16 m16n8 fp32 accumulator tiles (64 registers per thread). The
@@ -206,9 +206,12 @@ __global__ void __launch_bounds__(Config<kValueRows>::kThreads) __maxnreg__(Conf
   uint64_t* full = reinterpret_cast<uint64_t*>(smem + Smem::kBarrierOffset);
   uint64_t* empty = full + kStages;
 
-  const int n = blockIdx.x;
-  const int h = blockIdx.y;
-  const int v0 = blockIdx.z * kValueRows;
+  // NOTE: the slices of one (sequence, head) are neighbours in launch order, so they run at the
+  // same time and the second one reads the shared Qt/W/Kh/M of each chunk from L2.
+  const int64_t cta = blockIdx.x;
+  const int v0 = int(cta % Cfg::kSlices) * kValueRows;
+  const int h = int((cta / Cfg::kSlices) % p.num_v_heads);
+  const int n = int(cta / Cfg::kSlices / p.num_v_heads);
   const int warp = threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   const int HV = p.num_v_heads;
@@ -508,9 +511,6 @@ Status launch_prefill_recurrence(const PrefillParams& p, const WorkspacePlan& pl
   using Cfg = Config<kValueRows>;
   using Smem = typename Cfg::SharedMemoryPlan;
   if (p.num_seqs == 0) return Status::Ok();
-  if (p.num_v_heads > 65535)
-    return Status(StatusCode::kUnsupported, "recurrence: num_v_heads must be <= 65535, got " +
-                                                std::to_string(p.num_v_heads));
   if (p.num_seqs > int64_t(INT32_MAX) || plan.max_chunks * p.num_v_heads > int64_t(INT32_MAX))
     return Status(StatusCode::kUnsupported, "recurrence: more than 2^31 sequences or chunk blocks");
   if (p.chunk_states != nullptr && (p.chunk_state_interval <= 0 || p.chunk_state_interval % kChunk != 0))
@@ -578,7 +578,11 @@ Status launch_prefill_recurrence(const PrefillParams& p, const WorkspacePlan& pl
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          int(Smem::kAllocBytes));
   if (err != cudaSuccess) return cuda_status(err, "cudaFuncSetAttribute", __LINE__);
-  const dim3 grid(unsigned(p.num_seqs), unsigned(p.num_v_heads), unsigned(Cfg::kSlices));
+  const int64_t num_ctas = p.num_seqs * p.num_v_heads * Cfg::kSlices;
+  if (num_ctas > int64_t(INT32_MAX))
+    return Status(StatusCode::kUnsupported, "recurrence: N * HV * slices must stay below 2^31, got " +
+                                                std::to_string(num_ctas));
+  const dim3 grid{unsigned(num_ctas)};
   kernel<<<grid, Cfg::kThreads, Smem::kAllocBytes, stream>>>(kp, tma);
   err = cudaGetLastError();
   if (err != cudaSuccess) return cuda_status(err, "kda_prefill_recurrence_sm90_kernel launch", __LINE__);

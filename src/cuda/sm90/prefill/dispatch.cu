@@ -1,0 +1,79 @@
+// The sm_90a prefill dispatcher: checks that a kernel is built for the call's shape and dtypes,
+// then runs, on one stream, plan (chunk map from cu_seqlens) -> prep (per-chunk blocks, token
+// parallel) -> recurrence (chunk-serial state passing). The one place where runtime values turn
+// into template arguments of the recurrence kernel (value rows per CTA).
+#include "cuda/sm90/prefill/dispatch.h"
+
+#include <cuda_runtime.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+
+#include "cuda/sm90/prefill/prep/launch.h"
+#include "cuda/sm90/prefill/recurrence/launch.h"
+#include "cuda/sm90/prefill/workspace.h"
+
+namespace kdakit::sm90 {
+namespace {
+
+prefill::WorkspacePlan plan_for(const PrefillParams& p) {
+  return prefill::make_workspace_plan(p.batch, p.seqlen, p.num_seqs, p.cu_seqlens != nullptr, p.num_v_heads);
+}
+
+// SM count of the current device, read once per device (a host attribute query, no sync).
+int current_num_sms() {
+  constexpr int kMaxDevices = 64;
+  static int cache[kMaxDevices] = {};
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= kMaxDevices) return 132;
+  if (cache[dev] == 0) {
+    int sms = 0;
+    if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || sms <= 0) sms = 132;
+    cache[dev] = sms;
+  }
+  return cache[dev];
+}
+
+Status unsupported(const std::string& what) { return Status(StatusCode::kUnsupported, "prefill (sm_90a): " + what); }
+
+}  // namespace
+
+size_t prefill_workspace_size(const PrefillParams& p) { return plan_for(p).total_bytes; }
+
+Status run_prefill(const PrefillParams& p, cudaStream_t stream) {
+  // ---- what the chunked kernels support
+  if (p.head_dim_k != prefill::kHeadDim || p.head_dim_v != prefill::kHeadDim)
+    return unsupported("supported head dims: K = V = 128; got K = " + std::to_string(p.head_dim_k) +
+                       ", V = " + std::to_string(p.head_dim_v));
+  if (p.dtype_qkv != DType::kBFloat16)
+    return unsupported(std::string("supported q/k/v dtype: bfloat16; got ") + to_string(p.dtype_qkv));
+  if (p.dtype_state != DType::kFloat32 && p.dtype_state != DType::kBFloat16)
+    return unsupported(std::string("supported state dtypes: float32, bfloat16; got ") + to_string(p.dtype_state));
+  if (p.num_seqs == 0) return Status::Ok();
+
+  const prefill::WorkspacePlan plan = plan_for(p);
+  if (p.workspace == nullptr || p.workspace_bytes < plan.total_bytes)
+    return Status(StatusCode::kInvalidArgument, "workspace: expected at least " + std::to_string(plan.total_bytes) +
+                                                    " bytes, got " + std::to_string(p.workspace_bytes));
+
+  Status st = prefill::launch_prefill_plan(p, plan, p.workspace, stream);
+  if (!st.ok()) return st;
+  st = prefill::launch_prefill_prep(p, plan, p.workspace, stream);
+  if (!st.ok()) return st;
+
+  const int rows = prefill::recurrence_value_rows(p.num_seqs, p.num_v_heads, current_num_sms());
+  if (std::getenv("KDAKIT_PRINT_CONFIGS") != nullptr)
+    std::fprintf(stderr, "kdakit prefill: N=%lld HV=%d max_chunks=%lld recurrence value_rows=%d\n",
+                 (long long)p.num_seqs, p.num_v_heads, (long long)plan.max_chunks, rows);
+  switch (rows) {
+    case 16: return prefill::launch_prefill_recurrence<16>(p, plan, p.workspace, stream);
+    case 32: return prefill::launch_prefill_recurrence<32>(p, plan, p.workspace, stream);
+    case 64: return prefill::launch_prefill_recurrence<64>(p, plan, p.workspace, stream);
+    case 128: return prefill::launch_prefill_recurrence<128>(p, plan, p.workspace, stream);
+    default: return Status(StatusCode::kInternal, "prefill: value rows per CTA must be 16, 32, 64 or 128, got " +
+                                                      std::to_string(rows));
+  }
+}
+
+}  // namespace kdakit::sm90
