@@ -6,6 +6,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -107,6 +108,32 @@ TEST(ChunkedVsReferenceFp32, AllFp32StorageMeetsTheFp32Bar) {
                                                  .pad = 1,
                                                  .chunk_state_interval = 64},
                                      rng);
+  }
+}
+
+// Extreme gates: softplus pre-activations in [15, 30] (the linear branch past 20, decays of
+// e^-20 and more per token, so most exp2 factors underflow to zero) and the lower-bound gate
+// at its bound; nothing may overflow, and the chunked path still meets the bar.
+TEST(ChunkedVsReferenceExtreme, StrongDecaysUnderflowHarmlessly) {
+  auto rng = testing::make_rng();
+  SCOPED_TRACE(rng.trace());
+  for (GateMode gate : {GateMode::kSoftplus, GateMode::kLowerBound}) {
+    const PrefillCase c{.name = "extreme",
+                        .seq_lens = {150, 70},
+                        .gate = gate,
+                        .lower_bound = -5.f,
+                        .dtype_qkv = DType::kFloat32};
+    PrefillTensors ref = testing::make_prefill_tensors(c, rng);
+    for (int64_t e = 0; e < ref.g.numel(); ++e) ref.g.set(e, rng.uniform(15.0, 30.0));
+    ref.A_log.fill_uniform(rng, 0.0, 1.0);
+    PrefillTensors got = ref;
+    ASSERT_TRUE(testing::run_prefill_on_host(cpu::prefill_reference, c, ref).ok());
+    ASSERT_TRUE(testing::run_prefill_on_host(cpu::prefill_chunked, c, got).ok());
+    for (int64_t e = 0; e < got.o.numel(); ++e) ASSERT_TRUE(std::isfinite(got.o.get(e)));
+    for (int64_t e = 0; e < got.final_state.numel(); ++e) {
+      ASSERT_TRUE(std::isfinite(got.final_state.get(e)));
+    }
+    testing::expect_prefill_matches(c, got, ref, kChunkedBar);
   }
 }
 
