@@ -1,0 +1,277 @@
+"""Decode benchmark: kdakit.decode beside FLA's ``fused_recurrent_kda_fwd`` (the kernel vLLM
+calls for KDA decode) in the same run, on a state pool in HBM with a cold L2.
+
+Cases (K = V = 128, bf16 q/k/v/g/beta, fp32 A_log/dt_bias, lower-bound gate -5, q/k L2 norm and
+beta sigmoid in kernel, V-first pool updated in place, as in TARGETS.md):
+
+* decode: one token per sequence, H = HV = 32 and 96, B = 1, 8, 32, 128, 512, fp32 and bf16 pool;
+* spec: speculative decoding with S = 3 (state_indices [B, 4], 4 tokens, random accepted counts);
+* prefill: short prefill (T tokens per sequence, pool slot in / out), against FLA's token-serial
+  kernel and FLA ``chunk_kda`` with initial and final state.
+
+Timing. Each measured call gets its own slots: the pool holds R disjoint slot sets, R large
+enough that the R calls of one round touch >= 256 MB of state (5x the 50 MB L2), so no call
+finds its state in L2. One CUDA graph captures the R calls (each its own index tensor); the
+graph is replayed ``--repeats`` times and the time per call is the median replay time / R.
+This is CUDA-graph time as a serving engine sees it (no launch or Python overhead), cold L2.
+kdakit and FLA run on the same pool, index tensors and inputs.
+
+Per row: time per call (us), state traffic (bytes of state read + written / time) in TB/s and as
+a fraction of the 4.27 TB/s copy ceiling measured on H200 (TARGETS.md), FLA's time, and the
+speedup; then a geometric mean. Each case first checks kdakit's output against FLA's on the
+same inputs (relative L2), so a ratio never hides a wrong answer.
+
+Usage::
+
+    python -m kdakit.bench.decode [--quick] [--repeats 20] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+from dataclasses import asdict, dataclass
+
+COPY_CEILING_TBPS = 4.27  # H200 device-to-device copy, read + write (TARGETS.md)
+LOWER_BOUND = -5.0
+ROTATION_BYTES = 256 * 1024 * 1024
+MAX_POOL_BYTES = 24 * 1024**3
+
+
+@dataclass
+class Case:
+    name: str
+    kind: str  # "decode", "spec", "prefill"
+    H: int
+    B: int
+    T: int
+    pool_dtype: str  # "float32" or "bfloat16"
+    S: int = 0  # speculative tokens (index columns = 1 + S)
+    chunk_peer: bool = False  # also time FLA chunk_kda (it autotunes per shape: minutes)
+
+
+@dataclass
+class Row:
+    name: str
+    kdakit_us: float
+    state_tbps: float
+    ceiling_fraction: float
+    fla_us: float | None
+    speedup: float | None
+    fla_chunk_us: float | None
+    rel_l2_vs_fla: float | None
+    rotation: int
+    note: str = ""
+
+
+def cases(quick: bool) -> list[Case]:
+    out = []
+    Bs = (1, 32, 512) if quick else (1, 8, 32, 128, 512)
+    for H in (32, 96):
+        for dtype in ("float32", "bfloat16"):
+            for B in Bs:
+                out.append(Case(f"decode H{H} B{B} {'fp32' if dtype == 'float32' else 'bf16'}",
+                                "decode", H, B, 1, dtype))
+    for B in (32, 128):
+        out.append(Case(f"spec S3 H32 B{B} fp32", "spec", 32, B, 4, "float32", S=3))
+    for B, T, chunk_peer in ((16, 32, True), (64, 16, False), (8, 64, False)):
+        out.append(Case(f"prefill H32 {B}x{T} fp32", "prefill", 32, B, T, "float32", chunk_peer=chunk_peer))
+    return out
+
+
+def _fla():
+    try:
+        from fla.ops.kda import chunk_kda
+        from fla.ops.kda.fused_recurrent import fused_recurrent_kda_fwd
+    except Exception as err:  # noqa: BLE001 - reported, not raised
+        return None, None, f"{type(err).__name__}: {err}"
+    return fused_recurrent_kda_fwd, chunk_kda, ""
+
+
+def _inputs(torch, case: Case, gen):
+    H = HV = case.H
+    K = V = 128
+    B, T = case.B, case.T
+    dev = "cuda"
+    bf = torch.bfloat16
+    x = {
+        "q": torch.randn(B, T, H, K, generator=gen, device=dev).to(bf),
+        "k": torch.randn(B, T, H, K, generator=gen, device=dev).to(bf),
+        "v": torch.randn(B, T, HV, V, generator=gen, device=dev).to(bf),
+        "g": (torch.randn(B, T, HV, K, generator=gen, device=dev) * 2).to(bf),
+        "beta": torch.randn(B, T, HV, generator=gen, device=dev).to(bf),
+        "A_log": (torch.rand(HV, generator=gen, device=dev) * 2 - 1.5).float(),
+        "dt_bias": (torch.rand(HV * K, generator=gen, device=dev) * 2 - 1).float(),
+    }
+    return x
+
+
+def _time_graph(torch, calls, repeats: int) -> float:
+    """Median time per call (us) of the list of callables captured into one CUDA graph."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for fn in calls[:2]:
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for fn in calls:
+            fn()
+    torch.cuda.synchronize()
+    graph.replay()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    times = []
+    for _ in range(repeats):
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e3 / len(calls))
+    del graph
+    return statistics.median(times)
+
+
+def run_case(torch, kdakit, fla_rec, fla_chunk, case: Case, repeats: int, gen) -> Row:
+    H = HV = case.H
+    K = V = 128
+    B, T = case.B, case.T
+    dtype = getattr(torch, case.pool_dtype)
+    elem = 4 if case.pool_dtype == "float32" else 2
+    state_bytes = B * HV * K * V * elem  # one state per sequence, read once
+    cols = 1 + case.S
+    slots_per_call = B * cols
+    rotation = max(2, math.ceil(ROTATION_BYTES / (slots_per_call * HV * K * V * elem)))
+    rotation = min(rotation, max(1, MAX_POOL_BYTES // (slots_per_call * HV * K * V * elem)))
+    num_slots = rotation * slots_per_call
+    pool = (torch.rand(num_slots, HV, V, K, generator=gen, device="cuda") * 0.2 - 0.1).to(dtype)
+    x = _inputs(torch, case, gen)
+    o = torch.empty(B, T, HV, V, dtype=torch.bfloat16, device="cuda")
+    o_fla = torch.empty_like(o)
+    if case.kind == "prefill":
+        # NOTE: FLA's pool mode writes the state after token t to slot idx[n, t]; a prefill of T
+        # tokens therefore runs FLA in dense mode on contiguous views of the pool (B slots per
+        # call), and kdakit on the same slots through indices r*B .. r*B + B - 1.
+        perm = torch.arange(num_slots, device="cuda", dtype=torch.int32)
+    else:
+        perm = torch.randperm(num_slots, generator=gen, device="cuda").to(torch.int32)
+    indices = [perm[r * slots_per_call:(r + 1) * slots_per_call].reshape(B, cols).contiguous()
+               if cols > 1 else perm[r * B:(r + 1) * B].contiguous() for r in range(rotation)]
+    accepted = None
+    if case.S:
+        accepted = torch.randint(1, cols + 1, (B,), generator=gen, device="cuda", dtype=torch.int32)
+    common = dict(A_log=x["A_log"], dt_bias=x["dt_bias"])
+
+    def kdakit_call(idx):
+        return lambda: kdakit.decode(
+            x["q"], x["k"], x["v"], x["g"], x["beta"], pool, idx, gate="lower_bound",
+            lower_bound=LOWER_BOUND, use_qk_l2norm=True, use_beta_sigmoid=True,
+            num_accepted_tokens=accepted, state_layout="v_first", out=o, **common)
+
+    def fla_call(r):
+        if case.kind == "prefill":
+            state, idx = pool[r * B:(r + 1) * B], None
+        else:
+            state, idx = pool, indices[r]
+        return lambda: fla_rec(
+            x["q"], x["k"], x["v"], x["g"], x["beta"], initial_state=state, inplace_final_state=True,
+            state_v_first=True, ssm_state_indices=idx, num_accepted_tokens=accepted,
+            use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True, use_beta_sigmoid_in_kernel=True,
+            lower_bound=LOWER_BOUND, out=o_fla, **common)
+
+    # --- agreement with FLA on the same pool contents and inputs (the first slot set)
+    rel = None
+    if fla_rec is not None:
+        used = indices[0].reshape(-1).long()
+        saved = pool[used].clone()
+        kdakit_call(indices[0])()
+        after_kdakit = pool[used].clone()
+        pool[used] = saved
+        fla_call(0)()
+        torch.cuda.synchronize()
+        rel_o = float((o.float() - o_fla.float()).norm() / o_fla.float().norm().clamp_min(1e-30))
+        after_fla = pool[used]
+        rel_s = float((after_kdakit.float() - after_fla.float()).norm() / after_fla.float().norm())
+        rel = max(rel_o, rel_s)
+        del saved, after_kdakit, after_fla
+
+    k_us = _time_graph(torch, [kdakit_call(i) for i in indices], repeats)
+    f_us = _time_graph(torch, [fla_call(r) for r in range(rotation)], repeats) if fla_rec is not None else None
+
+    chunk_us = None
+    if case.kind == "prefill" and case.chunk_peer and fla_chunk is not None:
+        h0 = torch.zeros(B, HV, K, V, dtype=torch.float32, device="cuda")
+
+        def chunk_call():
+            fla_chunk(x["q"], x["k"], x["v"], x["g"], x["beta"], A_log=x["A_log"], dt_bias=x["dt_bias"],
+                      initial_state=h0, output_final_state=True, use_qk_l2norm_in_kernel=True, safe_gate=True,
+                      use_gate_in_kernel=True, use_beta_sigmoid_in_kernel=True, lower_bound=LOWER_BOUND)
+
+        try:
+            chunk_us = _time_graph(torch, [chunk_call], repeats)
+        except Exception as err:  # noqa: BLE001 - a peer that cannot be captured is reported
+            print(f"  FLA chunk_kda not timed: {type(err).__name__}: {err}", file=sys.stderr)
+    # Bytes: the start state read, every written state (1 per sequence, or per token with S).
+    writes = B * (min(T, cols) if cols > 1 else 1)
+    moved = (B + writes) * HV * K * V * elem
+    tbps = moved / (k_us * 1e-6) / 1e12
+    del pool
+    torch.cuda.empty_cache()
+    return Row(case.name, k_us, tbps, tbps / COPY_CEILING_TBPS, f_us,
+               (f_us / k_us) if f_us else None, chunk_us, rel, rotation)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help="B = 1, 32, 512 only")
+    ap.add_argument("--repeats", type=int, default=15)
+    ap.add_argument("--json", default=None, help="write the rows here")
+    args = ap.parse_args(argv)
+
+    import torch
+
+    import kdakit
+
+    if not torch.cuda.is_available() or not kdakit.built_with_cuda():
+        print("decode benchmark: needs a CUDA device and a CUDA build of kdakit", file=sys.stderr)
+        return 2
+    fla_rec, fla_chunk, reason = _fla()
+    print(f"FLA: {'fla.ops.kda importable' if fla_rec else 'not importable: ' + reason}")
+    print(f"device: {torch.cuda.get_device_name()}")
+    gen = torch.Generator(device="cuda")
+    gen.manual_seed(0)
+    rows = []
+    for case in cases(args.quick):
+        row = run_case(torch, kdakit, fla_rec, fla_chunk, case, args.repeats, gen)
+        rows.append(row)
+        print(f"  {row.name:28s} kdakit {row.kdakit_us:9.2f} us  {row.state_tbps:5.2f} TB/s "
+              f"({100 * row.ceiling_fraction:5.1f}%)  FLA {row.fla_us or float('nan'):9.2f} us  "
+              f"x{row.speedup or float('nan'):5.2f}  rel-vs-FLA {row.rel_l2_vs_fla or float('nan'):.1e}",
+              flush=True)
+
+    print("\n| case | kdakit us | state TB/s | % of 4.27 | FLA us | FLA/kdakit | FLA chunk us | rel vs FLA |")
+    print("|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        fla = f"{r.fla_us:.2f}" if r.fla_us else "-"
+        sp = f"{r.speedup:.2f}" if r.speedup else "-"
+        ch = f"{r.fla_chunk_us:.2f}" if r.fla_chunk_us else "-"
+        rel = f"{r.rel_l2_vs_fla:.1e}" if r.rel_l2_vs_fla is not None else "-"
+        print(f"| {r.name} | {r.kdakit_us:.2f} | {r.state_tbps:.2f} | {100 * r.ceiling_fraction:.1f} | "
+              f"{fla} | {sp} | {ch} | {rel} |")
+    speedups = [r.speedup for r in rows if r.speedup]
+    if speedups:
+        geo = math.exp(sum(math.log(s) for s in speedups) / len(speedups))
+        print(f"\ngeometric mean FLA/kdakit over {len(speedups)} cases: {geo:.2f}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump([asdict(r) for r in rows], f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
