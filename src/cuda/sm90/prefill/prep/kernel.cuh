@@ -1,7 +1,7 @@
 // Token-parallel prefill prep kernel (sm_90a; the tensor-core path is the sm_80 mma.sync one,
 // which Hopper runs natively). The plan kernel that feeds it is in plan_kernel.cuh.
 //
-// ---- Prep: kda_prefill_prep_sm90_kernel, grid (max_chunks, HV), 256 threads -----------------
+// ---- Prep: kda_prefill_prep_sm90_kernel, grid max_chunks x HV (heads fastest), 256 threads --
 // One CTA per (chunk c, value head h) writes that pair's chunk block (workspace.h):
 //   inputs  q, k [64 rows][128] of qk head h / (HV / H), v [64][128], g [64][128] (or [64]),
 //           beta [64]; rows r >= C' (chunk length) read as zeros, their gamma and beta as 0.
@@ -57,8 +57,11 @@ using kdakit::cuda::kLog2e;
 // ------------------------------------------------------------------------------------------
 
 // Byte offset of 16-byte chunk `chunk` of row `row` in a bf16 [rows][128] shared array.
+// NOTE: the XOR key (row ^ row / 4) mod 8 is a bijection on any 8 aligned rows (ldmatrix
+// reads 8 consecutive rows at one logical chunk) and also on rows 4 rq + j, rq = 0..7 (the
+// elementwise phase's pattern), so both access 8 distinct bank groups.
 __device__ __forceinline__ uint32_t swz(int row, int chunk) {
-  return uint32_t(row) * 256u + (uint32_t(chunk ^ (row & 7)) << 4);
+  return uint32_t(row) * 256u + (uint32_t(chunk ^ ((row ^ (row >> 2)) & 7)) << 4);
 }
 // The same for an fp32 [64][128] staging array (32 chunks per row).
 __device__ __forceinline__ uint32_t swz_f32(int row, int chunk) {
@@ -100,16 +103,35 @@ __device__ __forceinline__ uint4 pack8(const float (&x)[8]) {
   return r;
 }
 
+__device__ __forceinline__ float approx_rcp(float x) {
+  float y;
+  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+__device__ __forceinline__ float approx_log2(float x) {
+  float y;
+  asm("lg2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
 // Base-2 gate log2(e) * gamma of one element. a = exp(A_log[h]) (1 without A_log) for the
 // lower-bound gate, -exp(A_log[h]) for softplus.
+// NOTE: the hardware approximations (ex2, lg2, rcp: relative error ~2^-22) put an absolute
+// error of ~1e-7 on gamma, far below what the chunk's fp32 running sum already carries, for a
+// quarter of the instructions of expf, log1pf and an IEEE division. softplus(x) is written
+// max(x, 0) + log(1 + e^-|x|), whose log argument lies in (1, 2], so no precision is lost for
+// x << 0; the contract's x > 20 rule is kept.
 template <GateMode kGate>
 __device__ __forceinline__ float gate_log2(float g, float a, float dt_bias, float lower_bound) {
   if constexpr (kGate == GateMode::kPrecomputed) {
     return g * kLog2e;
   } else if constexpr (kGate == GateMode::kSoftplus) {
-    return kdakit::cuda::gate_softplus(g, a, dt_bias) * kLog2e;
+    const float x = g + dt_bias;
+    const float sp2 = x > 20.f ? x * kLog2e : fmaxf(x, 0.f) * kLog2e + approx_log2(1.f + fast_exp2(-fabsf(x) * kLog2e));
+    return a * sp2;
   } else {
-    return kdakit::cuda::gate_lower_bound(g, a, dt_bias, lower_bound) * kLog2e;
+    const float x = a * (g + dt_bias);
+    return lower_bound * kLog2e * approx_rcp(1.f + fast_exp2(-x * kLog2e));
   }
 }
 
@@ -122,9 +144,11 @@ __global__ void __launch_bounds__(kThreads, 2) kda_prefill_prep_sm90_kernel(cons
   using Layout = ChunkBlockLayout;
   extern __shared__ __align__(128) unsigned char smem[];
 
-  const int chunk = blockIdx.x;
-  const int h = blockIdx.y;
-  // NOTE: grid.x is the bound max_chunks; the plan's total decides which CTAs have work.
+  // NOTE: value heads vary fastest, so the CTAs in flight read the rows of all heads of the
+  // same tokens (contiguous in q/k/v/g) and write consecutive blocks. The grid covers the
+  // bound max_chunks x HV; the plan's total decides which CTAs have work.
+  const int h = int(blockIdx.x % unsigned(p.num_v_heads));
+  const int chunk = int(blockIdx.x / unsigned(p.num_v_heads));
   if (chunk >= p.chunk_offsets[p.num_seqs]) return;
   const int n = p.chunk_seq[chunk];
   const int chunk_in_seq = chunk - p.chunk_offsets[n];
@@ -304,43 +328,47 @@ __global__ void __launch_bounds__(kThreads, 2) kda_prefill_prep_sm90_kernel(cons
     // registers would spill.
     const float* c_prev = bound + (R - 1) * kHeadDim + c0;  // read only when R > 0
     const float* c_cur = bound + R * kHeadDim + c0;
-    // Kh (block) and B^(R') for R' >= R (shared) from kn F, F = exp2(c_R - b2). Runs before
-    // the A operands overwrite k in place.
+    // Kh (block) and B^(R') for R' >= R (shared), before the A operands overwrite k in place.
+    // NOTE: factors that may exceed 1 (the diagonal tile's) are one exp2 of the summed
+    // exponent: a product E * 2^(span/2) would lose values whose E alone underflows.
     {
-      float kfr[kRowsPerThread][8];
-      float kh_fac[8];
+      float kfr[kRowsPerThread][8];  // kn F, F = exp2(c_R - b2) <= 1
+      float kh_fac[8], m_cur[8];
 #pragma unroll
-      for (int e = 0; e < 8; ++e) kh_fac[e] = fast_exp2(bound[3 * kHeadDim + c0 + e] - c_cur[e]);
+      for (int e = 0; e < 8; ++e) {
+        kh_fac[e] = fast_exp2(bound[3 * kHeadDim + c0 + e] - c_cur[e]);
+        const float cp = R == 0 ? 0.f : c_prev[e];
+        const float span = cp - c_cur[e];
+        m_cur[e] = span <= kMaxDiagSpan ? cp - 0.5f * span : -INFINITY;  // -inf: left to the per-element path
+      }
       float* scratch = reinterpret_cast<float*>(blk + Layout::kU0Offset);  // b2 of wide-span channels
 #pragma unroll
       for (int j = 0; j < kRowsPerThread; ++j) {
         const int r = r0 + j;
-        float kh[8];
-        unpack8(*reinterpret_cast<const uint4*>(smem + Plan::kKaOffset + swz(r, ch0)), kfr[j]);
+        float kn[8], kh[8], kd[8];
+        unpack8(*reinterpret_cast<const uint4*>(smem + Plan::kKaOffset + swz(r, ch0)), kn);
         const float sk = row_k[r];
 #pragma unroll
         for (int e = 0; e < 8; ++e) {
-          kfr[j][e] *= sk * fast_exp2(c_cur[e] - b2[j][e]);
+          kn[e] *= sk;
+          kfr[j][e] = kn[e] * fast_exp2(c_cur[e] - b2[j][e]);
           kh[e] = kfr[j][e] * kh_fac[e];
-          if ((R == 0 ? 0.f : c_prev[e]) - c_cur[e] > kMaxDiagSpan) scratch[r * kHeadDim + c0 + e] = b2[j][e];
+          kd[e] = kn[e] * fast_exp2(m_cur[e] - b2[j][e]);  // exp2(m_R - b2) <= 2^96, or 0
+          if (m_cur[e] == -INFINITY) scratch[r * kHeadDim + c0 + e] = b2[j][e];
         }
         *reinterpret_cast<uint4*>(blk + Layout::kKhOffset + size_t(r) * 256 + c0 * 2) = pack8(kh);
+        *reinterpret_cast<uint4*>(smem + Plan::kKbOffset + swz(kb_row_offset(R) + r, ch0)) = pack8(kd);
       }
 #pragma unroll
-      for (int Rb = 0; Rb < kSubBlocks; ++Rb) {
-        if (Rb >= R) {
+      for (int Rb = 1; Rb < kSubBlocks; ++Rb) {
+        if (Rb > R) {
           float b_fac[8];
 #pragma unroll
           for (int e = 0; e < 8; ++e) {
-            if (Rb == R) {
-              const float span = (R == 0 ? 0.f : c_prev[e]) - c_cur[e];
-              b_fac[e] = span <= kMaxDiagSpan ? fast_exp2(0.5f * span) : 0.f;  // exp2(m_R - c_R)
-            } else {
-              const float cp = bound[(Rb - 1) * kHeadDim + c0 + e];
-              const float span = cp - bound[Rb * kHeadDim + c0 + e];
-              const float m = span <= kMaxDiagSpan ? cp - 0.5f * span : cp;
-              b_fac[e] = fast_exp2(m - c_cur[e]);  // m_{R'} <= c_{R'-1} <= c_R: at most 1
-            }
+            const float cp = bound[(Rb - 1) * kHeadDim + c0 + e];
+            const float span = cp - bound[Rb * kHeadDim + c0 + e];
+            const float m = span <= kMaxDiagSpan ? cp - 0.5f * span : cp;
+            b_fac[e] = fast_exp2(m - c_cur[e]);  // m_{R'} <= c_{R'-1} <= c_R: at most 1
           }
 #pragma unroll
           for (int j = 0; j < kRowsPerThread; ++j) {
@@ -352,40 +380,42 @@ __global__ void __launch_bounds__(kThreads, 2) kda_prefill_prep_sm90_kernel(cons
         }
       }
     }
-    // Qt (block), Kt, A^M, A^L (shared, in place over q and k) from E = exp2(b2 - c_{R-1}).
-    float exp_prev[8], a_fac[8];
+    // Qt (block), Kt (shared) from E = exp2(b2 - c_{R-1}) exp2(c_{R-1}) (both <= 1); A^M, A^L
+    // (shared, in place over q and k) from exp2(b2 - m_R) <= 2^96.
+    float exp_prev[8], m_cur[8];
 #pragma unroll
     for (int e = 0; e < 8; ++e) {
       const float cp = R == 0 ? 0.f : c_prev[e];
       const float span = cp - c_cur[e];
       exp_prev[e] = fast_exp2(cp);
-      a_fac[e] = span <= kMaxDiagSpan ? fast_exp2(0.5f * span) : 1.f;  // exp2(c_{R-1} - m_R)
+      m_cur[e] = span <= kMaxDiagSpan ? cp - 0.5f * span : cp;
     }
 #pragma unroll
     for (int j = 0; j < kRowsPerThread; ++j) {
       const int r = r0 + j;
       const uint32_t off = swz(r, ch0);
-      float qe[8], ke[8], out[8];
-      unpack8(*reinterpret_cast<const uint4*>(smem + Plan::kQaOffset + off), qe);
-      unpack8(*reinterpret_cast<const uint4*>(smem + Plan::kKaOffset + off), ke);
+      float qn[8], kn[8], fq[8], fa[8], out[8];
+      unpack8(*reinterpret_cast<const uint4*>(smem + Plan::kQaOffset + off), qn);
+      unpack8(*reinterpret_cast<const uint4*>(smem + Plan::kKaOffset + off), kn);
       const float sq = row_q[r], sk = row_k[r];
 #pragma unroll
       for (int e = 0; e < 8; ++e) {
-        const float E = fast_exp2(b2[j][e] - (R == 0 ? 0.f : c_prev[e]));
-        qe[e] *= sq * E;
-        ke[e] *= sk * E;
+        qn[e] *= sq;
+        kn[e] *= sk;
+        fq[e] = fast_exp2(b2[j][e] - (R == 0 ? 0.f : c_prev[e])) * exp_prev[e];
+        fa[e] = fast_exp2(b2[j][e] - m_cur[e]);
       }
 #pragma unroll
-      for (int e = 0; e < 8; ++e) out[e] = qe[e] * exp_prev[e];
+      for (int e = 0; e < 8; ++e) out[e] = qn[e] * fq[e];
       *reinterpret_cast<uint4*>(blk + Layout::kQtOffset + size_t(r) * 256 + c0 * 2) = pack8(out);
 #pragma unroll
-      for (int e = 0; e < 8; ++e) out[e] = ke[e] * exp_prev[e];
+      for (int e = 0; e < 8; ++e) out[e] = kn[e] * fq[e];
       *reinterpret_cast<uint4*>(smem + Plan::kKtOffset + off) = pack8(out);
 #pragma unroll
-      for (int e = 0; e < 8; ++e) out[e] = qe[e] * a_fac[e];
+      for (int e = 0; e < 8; ++e) out[e] = qn[e] * fa[e];
       *reinterpret_cast<uint4*>(smem + Plan::kQaOffset + off) = pack8(out);
 #pragma unroll
-      for (int e = 0; e < 8; ++e) out[e] = ke[e] * a_fac[e];
+      for (int e = 0; e < 8; ++e) out[e] = kn[e] * fa[e];
       *reinterpret_cast<uint4*>(smem + Plan::kKaOffset + off) = pack8(out);
     }
   }
@@ -427,6 +457,8 @@ __global__ void __launch_bounds__(kThreads, 2) kda_prefill_prep_sm90_kernel(cons
     const bool strict = warp < 4;     // L is strictly lower, M includes the diagonal
 #pragma unroll
     for (int nt = 0; nt < 8; ++nt) {
+      // NOTE: L's blocks above the diagonal are never read; M's are stored as zeros.
+      if (strict && (nt >> 1) > Rw) continue;
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
         const int r = kSubBlock * Rw + g + 8 * half;
@@ -499,44 +531,59 @@ __global__ void __launch_bounds__(kThreads, 2) kda_prefill_prep_sm90_kernel(cons
 #pragma unroll
     for (int r = 0; r < kSubBlock; ++r) Tf[(base + r) * Plan::kLdF + base + jc] = x[r];
   } else {
-    // Zero the six blocks above the diagonal.
-    for (int idx = tid - kChunk; idx < 6 * kSubBlock * kSubBlock; idx += kThreads - kChunk) {
-      const int blkid = idx >> 8, e = idx & 255;
+    // Zero the six blocks above the diagonal (float4 stores).
+    for (int idx = tid - kChunk; idx < 6 * kSubBlock * 4; idx += kThreads - kChunk) {
+      const int blkid = idx >> 6, e = idx & 63;
       const int Rb = blkid < 3 ? 0 : (blkid < 5 ? 1 : 2);
       const int Sb = blkid < 3 ? blkid + 1 : (blkid < 5 ? blkid - 1 : 3);
-      Tf[(kSubBlock * Rb + (e >> 4)) * Plan::kLdF + kSubBlock * Sb + (e & 15)] = 0.f;
+      *reinterpret_cast<float4*>(Tf + (kSubBlock * Rb + (e >> 2)) * Plan::kLdF + kSubBlock * Sb + 4 * (e & 3)) =
+          make_float4(0.f, 0.f, 0.f, 0.f);
     }
   }
   __syncthreads();
   {
+    // Off-diagonal blocks by distance d = R - S. One thread owns a 1 x 4 strip of a 16 x 16
+    // block (row r, columns 4q .. 4q + 3): each shared load feeds four FMAs.
     float* P = reinterpret_cast<float*>(smem + Plan::kPOffset);  // [3][16][16]
 #pragma unroll
     for (int d = 1; d < kSubBlocks; ++d) {
       const int blocks = kSubBlocks - d;
-      // P_b = sum_{J=S}^{R-1} diag(beta_R) L_RJ T_JS for the blocks (R, S = R - d).
-      for (int idx = tid; idx < blocks * 256; idx += kThreads) {
-        const int b = idx >> 8, r = (idx >> 4) & 15, s = idx & 15;
-        const int Rb = d + b, Sb = b;
-        const int gr = kSubBlock * Rb + r;
-        float sum = 0.f;
+      const int b = tid >> 6, r = (tid >> 2) & 15, q = tid & 3;
+      const int Rb = d + b, Sb = b;
+      const int gr = kSubBlock * Rb + r;
+      // P_b = diag(beta_R) sum_{J=S}^{R-1} L_RJ T_JS for the blocks (R, S = R - d).
+      if (b < blocks) {
+        float4 acc4 = make_float4(0.f, 0.f, 0.f, 0.f);
         for (int J = Sb; J < Rb; ++J) {
 #pragma unroll
           for (int u = 0; u < kSubBlock; ++u) {
-            sum += Lf[gr * Plan::kLdF + kSubBlock * J + u] * Tf[(kSubBlock * J + u) * Plan::kLdF + kSubBlock * Sb + s];
+            const float l = Lf[gr * Plan::kLdF + kSubBlock * J + u];
+            const float4 tv = *reinterpret_cast<const float4*>(Tf + (kSubBlock * J + u) * Plan::kLdF + kSubBlock * Sb + 4 * q);
+            acc4.x += l * tv.x;
+            acc4.y += l * tv.y;
+            acc4.z += l * tv.z;
+            acc4.w += l * tv.w;
           }
         }
-        P[idx] = beta_s[gr] * sum;
+        const float bt = beta_s[gr];
+        *reinterpret_cast<float4*>(P + (b << 8) + (r << 4) + 4 * q) =
+            make_float4(bt * acc4.x, bt * acc4.y, bt * acc4.z, bt * acc4.w);
       }
       __syncthreads();
       // T_RS = -T_RR P_b.
-      for (int idx = tid; idx < blocks * 256; idx += kThreads) {
-        const int b = idx >> 8, r = (idx >> 4) & 15, s = idx & 15;
-        const int Rb = d + b, Sb = b;
-        const int gr = kSubBlock * Rb + r;
-        float sum = 0.f;
+      if (b < blocks) {
+        float4 acc4 = make_float4(0.f, 0.f, 0.f, 0.f);
 #pragma unroll
-        for (int u = 0; u < kSubBlock; ++u) sum += Tf[gr * Plan::kLdF + kSubBlock * Rb + u] * P[(b << 8) + (u << 4) + s];
-        Tf[gr * Plan::kLdF + kSubBlock * Sb + s] = -sum;
+        for (int u = 0; u < kSubBlock; ++u) {
+          const float tv = Tf[gr * Plan::kLdF + kSubBlock * Rb + u];
+          const float4 pv = *reinterpret_cast<const float4*>(P + (b << 8) + (u << 4) + 4 * q);
+          acc4.x += tv * pv.x;
+          acc4.y += tv * pv.y;
+          acc4.z += tv * pv.z;
+          acc4.w += tv * pv.w;
+        }
+        *reinterpret_cast<float4*>(Tf + gr * Plan::kLdF + kSubBlock * Sb + 4 * q) =
+            make_float4(-acc4.x, -acc4.y, -acc4.z, -acc4.w);
       }
       __syncthreads();
     }
@@ -628,11 +675,20 @@ Status launch_prep_kernel(const PrepParams& params, int64_t max_chunks, cudaStre
   constexpr int kSmem = int(SharedMemoryPlan::kBytes);
   // NOTE: the attribute is per function and process; setting it once keeps the run path free
   // of repeated driver calls (it is not a device synchronisation either way).
-  static const cudaError_t attr_err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
+  // NOTE: the largest carveout lets two CTAs (2 x 107 KB) share an SM.
+  static const cudaError_t attr_err = [&] {
+    const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
+    return e != cudaSuccess ? e
+                            : cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                                   int(cudaSharedmemCarveoutMaxShared));
+  }();
   if (Status s = cuda_status(attr_err, __LINE__, "cudaFuncSetAttribute(prep)"); !s.ok()) return s;
-  if (max_chunks <= 0) return Status::Ok();
-  const dim3 grid(unsigned(max_chunks), unsigned(params.num_v_heads));
-  kernel<<<grid, kThreads, kSmem, stream>>>(params);
+  const int64_t ctas = max_chunks * params.num_v_heads;
+  if (ctas <= 0) return Status::Ok();
+  if (ctas > int64_t(INT32_MAX)) {
+    return Status(StatusCode::kUnsupported, "prefill prep: supports up to 2^31 - 1 (chunk, value head) pairs");
+  }
+  kernel<<<unsigned(ctas), kThreads, kSmem, stream>>>(params);
   return cuda_status(cudaGetLastError(), __LINE__, "kda_prefill_prep_sm90_kernel launch");
 }
 
