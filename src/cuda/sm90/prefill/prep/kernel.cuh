@@ -14,16 +14,19 @@
 //     A^x_r   = x_r exp2(b2_r - m_R),   B^(R)_s = kn_s exp2(m_R - b2_s)
 //     m_R     = (c_{R-1} + c_R) / 2 per channel (c_{R-1} where span = c_{R-1} - c_R > 192):
 //               for s in an earlier sub-block both factors are <= 1; in the diagonal tile they
-//               are <= 2^96; channels past the span bound are left out of the diagonal tile's
-//               product and summed per element with exp2(b2_r - b2_s) <= 1.
+//               are <= 2^96 and each is one exp2 of its summed exponent (never E times a
+//               factor > 1, which would lose values whose E underflows); channels past the
+//               span bound are left out of the diagonal tile's product and summed per element
+//               with exp2(b2_r - b2_s) <= 1.
 //   T = (I + diag(beta) L)^-1,  W = T diag(beta) Kt,  U0 = T diag(beta) V.
 //
 // Warp roles and phases (one CTA, 8 warps, __syncthreads between phases):
-//   1. V -> shared by cp.async. Elementwise, register resident: thread (warp w, lane 2 rq + co)
-//      owns rows 4 rq .. 4 rq + 3 and channels 16 w + 8 co .. + 7; 16-byte loads of q, k, g;
-//      gate and running sum (local sum + shuffle scan over the 16 row groups); norms (8-warp
-//      shared sums in fixed order). Writes Qt, Kh, decay to the block; Kt, A^L, A^M, B^(R) to
-//      shared memory (bf16, 16-byte chunks XOR-swizzled by row).
+//   1. q, k, V -> shared by cp.async (q and k into the A^M, A^L tiles). Thread (warp w,
+//      lane 2 rq + co) owns rows 4 rq .. 4 rq + 3 and channels 16 w + 8 co .. + 7: 16-byte
+//      loads of g, gate and running sum in registers (local sum + shuffle scan over the 16 row
+//      groups); norms (8-warp shared sums in fixed order). Writes Qt, Kh, decay to the block;
+//      Kt, A^L, A^M (in place over k, q), B^(R) to shared memory (bf16, 16-byte chunks
+//      XOR-swizzled by row).
 //   2. L, M on tensor cores: warp w computes rows of sub-block w % 4 of L (w < 4) or M.
 //   3. L, M to shared fp32 (masked), per-element terms of wide-span channels, M to the block.
 //   4. T in fp32: 16 x 16 diagonal blocks by substitution, then off-diagonal blocks by distance.
@@ -31,7 +34,9 @@
 //      64 (w / 4) .. + 63; the A operand T diag(beta) is split into bf16 hi + lo (two passes).
 //   6. W, U0 staged in shared memory, written with 16-byte stores.
 // Nothing is pipelined inside a CTA: two CTAs share an SM (config.h), so one computes while the
-// other's loads and stores are in flight.
+// other's loads and stores are in flight. NOTE: measured, that is not enough (H=96, T=8192:
+// 1.21 ms, 1.59 TB/s; 16 warps per SM stall ~9.6 cycles per instruction): the next version
+// should prefetch the next item's inputs while computing (docs/design/20261129-prefill.md).
 #pragma once
 
 #include <cuda_bf16.h>
