@@ -1,8 +1,8 @@
 // End to end on the GPU: kdakit::prefill (plan -> prep -> recurrence) against the float64
 // token-by-token reference kdakit::cpu::prefill_reference, over the shared case groups
 // (tests/cpp/common/cases.h) raised to K = V = 128, plus longer and GVA cases. Cases the
-// chunked kernels do not build (K != 128, fp16/fp32 q/k/v, rows that are not 16-byte aligned)
-// must return kUnsupported. Bars (CONTRACT.md section 6): output 4e-3, fp32 final state 2e-3;
+// chunked kernels do not build (K != 128, fp16/fp32 q/k/v, fp16 g or beta, rows that are not
+// 16-byte aligned) must return kUnsupported. Bars (CONTRACT.md section 6): output 4e-3, fp32 final state 2e-3;
 // bf16 state storage adds its own rounding (2^-9 relative per element): 8e-3.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
@@ -25,8 +25,11 @@ bool have_sm90() {
   return cudaGetDeviceProperties(&prop, 0) == cudaSuccess && prop.major == 9;
 }
 
+// What the chunked kernels are built for (prep's and the dispatcher's checks).
 bool chunked_supported(const PrefillCase& c) {
-  return c.K == 128 && c.V == 128 && c.dtype_qkv == DType::kBFloat16 && c.pad % 8 == 0;
+  auto gate_dtype = [](DType d) { return d == DType::kBFloat16 || d == DType::kFloat32; };
+  return c.K == 128 && c.V == 128 && c.dtype_qkv == DType::kBFloat16 && gate_dtype(c.dtype_g) &&
+         gate_dtype(c.dtype_beta) && c.pad % 8 == 0;
 }
 
 // Device copies of every defined tensor of a PrefillTensors; copies results back.

@@ -251,15 +251,15 @@ CpuWorkspace build_workspace(const Problem& pr) {
   return ws;
 }
 
-// float64 mirror of the kernel over the rounded workspace; with round_operands, S0 and U are
-// rounded to bf16 as MMA operands where the kernel rounds them: S0 in W S0 and Qt S0, U in M U.
-// The state update Kh^T U takes U as bf16 hi + lo in the kernel (16 bits), i.e. unrounded here.
+// float64 mirror of the kernel over the rounded workspace; with round_operands, S0 is rounded
+// to bf16 where the kernel rounds it (the A operand of W S0 and Qt S0). U enters M U and Kh^T U
+// as bf16 hi + lo in the kernel (16 mantissa bits), i.e. unrounded here.
 void chunk_mirror(const Problem& pr, const CpuWorkspace& ws, bool round_operands, std::vector<double>& o,
                   std::vector<double>& s_final) {
   o.assign(size_t(pr.batch * pr.seqlen * pr.HV) * D, 0.0);
   s_final = pr.s0;
   auto rnd = [&](double x) { return round_operands ? round_bf16(float(x)) : x; };
-  std::vector<double> S0(D * D), U(kChunk * D), Ur(kChunk * D);
+  std::vector<double> S0(D * D), U(kChunk * D);
   for (int64_t n = 0; n < pr.N(); ++n)
     for (int h = 0; h < pr.HV; ++h) {
       double* S = &s_final[(size_t(n) * pr.HV + h) * D * D];
@@ -275,14 +275,13 @@ void chunk_mirror(const Problem& pr, const CpuWorkspace& ws, bool round_operands
             double acc = 0;
             for (int i = 0; i < D; ++i) acc += bf(ChunkBlockLayout::kWOffset, r * D + i) * S0[i * D + vv];
             U[r * D + vv] = double(U0[r * D + vv]) - acc;
-            Ur[r * D + vv] = rnd(float(U[r * D + vv]));
           }
         const int len = std::min(kChunk, pr.lens[n] - t0);
         for (int r = 0; r < len; ++r)
           for (int vv = 0; vv < D; ++vv) {
             double acc = 0;
             for (int i = 0; i < D; ++i) acc += bf(ChunkBlockLayout::kQtOffset, r * D + i) * S0[i * D + vv];
-            for (int s = 0; s <= r; ++s) acc += bf(ChunkBlockLayout::kMOffset, r * kChunk + s) * Ur[s * D + vv];
+            for (int s = 0; s <= r; ++s) acc += bf(ChunkBlockLayout::kMOffset, r * kChunk + s) * U[s * D + vv];
             o[pr.tok(n, t0 + r, h) * D + vv] = acc;
           }
         for (int i = 0; i < D; ++i)

@@ -1,15 +1,22 @@
-// Times the recurrence kernel alone on the TARGETS.md prefill shapes (not a test: a tool the
-// device runs use to pick value rows per CTA and to track the kernel's share of prefill time).
-// The workspace holds a valid plan region and small random chunk blocks (the MMA work does not
-// depend on the values). Usage: prefill_recurrence_timing [repeats]
+// Times, on the TARGETS.md prefill shapes (not a test: a tool for the device runs):
+//   - the recurrence kernel alone for each value-rows variant (the workspace holds a valid plan
+//     region and zero chunk blocks; the MMA work does not depend on the values),
+//   - the whole chunked prefill (sm90::run_prefill: plan + prep + recurrence) and the
+//     token-serial path (sm90::run_recurrent_prefill) on zero bf16 inputs with the lower-bound
+//     gate, q/k L2 norm and beta sigmoid, fp32 V-first state in place,
+// so that the dispatcher's choices (value rows, chunked vs token-serial) rest on measurements.
+// Usage: prefill_recurrence_timing [repeats]
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <random>
 #include <string>
 #include <vector>
 
+#include "cuda/sm90/decode/dispatch.h"
+#include "cuda/sm90/prefill/dispatch.h"
 #include "cuda/sm90/prefill/recurrence/launch.h"
 #include "cuda/sm90/prefill/workspace.h"
 
@@ -82,8 +89,10 @@ int main(int argc, char** argv) {
   cudaEvent_t t0, t1;
   CHECK_CUDA(cudaEventCreate(&t0));
   CHECK_CUDA(cudaEventCreate(&t1));
-  std::printf("%-18s %6s %10s %10s %10s %10s  %s\n", "case", "CTAs", "rows16", "rows32", "rows64", "rows128",
-              "chosen");
+  std::printf("ms per call, median-free mean of %d; recurrence alone per value-rows variant, then the whole\n"
+              "chunked prefill and the token-serial path on the same shape\n", repeats);
+  std::printf("%-18s %6s %9s %9s %9s %9s %7s %10s %10s\n", "case", "pairs", "rows16", "rows32", "rows64", "rows128",
+              "chosen", "prefill", "recurrent");
   for (const Shape& sh : shapes) {
     const bool packed = sh.fixed_T == 0;
     int64_t T = 0;
@@ -130,24 +139,76 @@ int main(int argc, char** argv) {
     p.dtype_state = kdakit::DType::kFloat32;
 
     std::printf("%-18s %6lld", sh.name.c_str(), (long long)(N * sh.HV));
-    for (int rows : {16, 32, 64, 128}) {
+    auto time_ms = [&](auto&& fn) -> float {
       for (int w = 0; w < 2; ++w) {
-        const kdakit::Status st = launch_rows(rows, p, plan, ws, stream);
+        const kdakit::Status st = fn();
         if (!st.ok()) {
-          std::printf("\nlaunch failed: %s\n", st.message().c_str());
-          return 1;
+          std::printf(" [%s]", st.message().c_str());
+          return -1.f;
         }
       }
       CHECK_CUDA(cudaEventRecord(t0, stream));
-      for (int r = 0; r < repeats; ++r) (void)launch_rows(rows, p, plan, ws, stream);
+      for (int r = 0; r < repeats; ++r) (void)fn();
       CHECK_CUDA(cudaEventRecord(t1, stream));
       CHECK_CUDA(cudaEventSynchronize(t1));
       float ms = 0;
       CHECK_CUDA(cudaEventElapsedTime(&ms, t0, t1));
-      std::printf(" %10.3f", ms / repeats);
-    }
-    std::printf("  rows%d\n", recurrence_value_rows(N, sh.HV, num_sms));
+      return ms / repeats;
+    };
+    for (int rows : {16, 32, 64, 128})
+      std::printf(" %9.3f", time_ms([&] { return launch_rows(rows, p, plan, ws, stream); }));
+    std::printf(" %7d", recurrence_value_rows(N, sh.HV, num_sms));
+
+    // ---- whole prefill and token-serial path on zero bf16 inputs
+    const size_t tok = size_t(p.batch) * size_t(p.seqlen);
+    void *q = nullptr, *v = nullptr, *g = nullptr, *beta = nullptr, *cu = nullptr, *dt = nullptr;
+    CHECK_CUDA(cudaMalloc(&q, tok * sh.HV * kHeadDim * 2));
+    CHECK_CUDA(cudaMalloc(&v, tok * sh.HV * kHeadDim * 2));
+    CHECK_CUDA(cudaMalloc(&g, tok * sh.HV * kHeadDim * 2));
+    CHECK_CUDA(cudaMalloc(&beta, tok * sh.HV * 2));
+    CHECK_CUDA(cudaMalloc(&cu, size_t(N + 1) * 8));
+    CHECK_CUDA(cudaMalloc(&dt, size_t(sh.HV) * kHeadDim * 4));
+    CHECK_CUDA(cudaMemset(q, 0, tok * sh.HV * kHeadDim * 2));
+    CHECK_CUDA(cudaMemset(v, 0, tok * sh.HV * kHeadDim * 2));
+    CHECK_CUDA(cudaMemset(g, 0, tok * sh.HV * kHeadDim * 2));
+    CHECK_CUDA(cudaMemset(beta, 0, tok * sh.HV * 2));
+    CHECK_CUDA(cudaMemset(dt, 0, size_t(sh.HV) * kHeadDim * 4));
+    std::vector<int64_t> cu_host(size_t(N + 1), 0);
+    for (int64_t n = 0; n < N; ++n) cu_host[n + 1] = cu_host[n] + sh.lens[n];
+    CHECK_CUDA(cudaMemcpy(cu, cu_host.data(), cu_host.size() * 8, cudaMemcpyHostToDevice));
+    kdakit::PrefillParams full = p;
+    full.q = q;
+    full.k = q;
+    full.v = v;
+    full.g = g;
+    full.beta = beta;
+    full.dt_bias = static_cast<const float*>(dt);
+    full.cu_seqlens = packed ? cu : nullptr;
+    full.dtype_cu_seqlens = kdakit::DType::kInt64;
+    full.stride_q_h = full.stride_k_h = full.stride_v_h = full.stride_g_h = kHeadDim;
+    full.stride_q_t = full.stride_k_t = full.stride_v_t = full.stride_g_t = int64_t(sh.HV) * kHeadDim;
+    full.stride_q_b = full.stride_k_b = full.stride_v_b = full.stride_g_b = full.stride_q_t * p.seqlen;
+    full.stride_beta_h = 1;
+    full.stride_beta_t = sh.HV;
+    full.stride_beta_b = int64_t(sh.HV) * p.seqlen;
+    full.dtype_g = full.dtype_beta = kdakit::DType::kBFloat16;
+    full.gate = kdakit::GateMode::kLowerBound;
+    full.lower_bound = -5.f;
+    full.scale = 0.08838834764831845f;
+    full.use_qk_l2norm = full.use_beta_sigmoid = true;
+    full.workspace = ws;
+    full.workspace_bytes = plan.total_bytes;
+    std::printf(" %10.3f", time_ms([&] { return kdakit::sm90::run_prefill(full, stream); }));
+    // NOTE: the token-serial path is a candidate for short sequences only; on long ones it takes
+    // tens of ms per call.
+    int longest = 0;
+    for (int l : sh.lens) longest = std::max(longest, l);
+    if (longest <= 1024)
+      std::printf(" %10.3f\n", time_ms([&] { return kdakit::sm90::run_recurrent_prefill(full, stream); }));
+    else
+      std::printf(" %10s\n", "-");
     std::fflush(stdout);
+    for (void* ptr : {q, v, g, beta, cu, dt}) CHECK_CUDA(cudaFree(ptr));
     CHECK_CUDA(cudaFree(ws));
     CHECK_CUDA(cudaFree(o));
     CHECK_CUDA(cudaFree(state));

@@ -24,7 +24,8 @@
 // Pipeline: stage s = j % 2 holds chunk j; full[s] completes when its bytes landed (TMA
 // transaction count), empty[s] when every warp has read it; thread 0 then loads chunk j + 2
 // into it, so each load has a whole chunk of compute to land. Per chunk and warp: 64 + 64 MMAs
-// (W, Qt against S0), 128 (Kh against U as bf16 hi + lo), 20 (M against U, upper blocks skipped).
+// (W, Qt against S0), 128 (Kh against U as bf16 hi + lo), 40 (M against U as hi + lo, the upper
+// 16x16 blocks of the lower-triangular M skipped).
 //
 // Shared memory (config.h): per stage Qt/W/Kh 48 KiB + M 8 KiB (128B-swizzled, so the 8 rows of
 // each ldmatrix hit distinct banks) + U0 slice [64][kValueRows] fp32 + decay; per consumer warp
@@ -360,9 +361,10 @@ __global__ void __launch_bounds__(Config<kValueRows>::kThreads) __maxnreg__(Conf
     }
 
     // ---- U^T as bf16 A fragments (k = tokens): ua = bf16(U), ua_lo = bf16(U - ua).
-    // NOTE: the state update uses ua + ua_lo (16 mantissa bits): with U rounded to bf16 alone the
-    // fp32 final state drifts to ~2.1e-3 rel. L2 over 256 tokens (the bar is 2e-3); the bf16
-    // workspace by itself accounts for ~1.3e-3. The output keeps ua only (its bar is 4e-3).
+    // NOTE: both products with U take ua + ua_lo (16 mantissa bits). With U rounded to bf16 the
+    // fp32 final state drifts to ~2.1e-3 rel. L2 over 256 tokens (bar 2e-3; the bf16 workspace
+    // alone gives ~1.3e-3), and the end-to-end output sat at 4.0-4.1e-3 on the Python test
+    // inputs (bar 4e-3); a float64 mirror puts bf16 U's share of the output error at ~1.6e-3.
     uint32_t ua[4][4], ua_lo[4][4];
     #pragma unroll
     for (int ts = 0; ts < 4; ++ts) {
@@ -380,6 +382,8 @@ __global__ void __launch_bounds__(Config<kValueRows>::kThreads) __maxnreg__(Conf
       for (int ts = 0; ts <= tp; ++ts) {
         uint32_t b[4];
         ptx::ldmatrix_x4(b, m_addr(m_base, 16 * tp + ld_row, 2 * ts + ld_chunk));
+        ptx::mma_bf16_16816(acc_o[2 * tp], ua_lo[ts], b[0], b[1]);
+        ptx::mma_bf16_16816(acc_o[2 * tp + 1], ua_lo[ts], b[2], b[3]);
         ptx::mma_bf16_16816(acc_o[2 * tp], ua[ts], b[0], b[1]);
         ptx::mma_bf16_16816(acc_o[2 * tp + 1], ua[ts], b[2], b[3]);
       }
@@ -424,6 +428,9 @@ __global__ void __launch_bounds__(Config<kValueRows>::kThreads) __maxnreg__(Conf
     if (lane == 0) ptx::mbarrier_arrive(&empty[s]);
     if (is_issuer && j + kStages < num_chunks) {
       ptx::mbarrier_wait(&empty[s], (j / kStages) & 1);
+      // NOTE: the warps' generic-proxy reads of the stage are ordered before the TMA's writes
+      // by the empty barrier; the proxy fence states it for the async proxy as well.
+      ptx::fence_proxy_async_shared();
       issue_chunk(j + kStages);
     }
 

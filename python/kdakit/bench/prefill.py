@@ -1,0 +1,202 @@
+"""Prefill benchmark: kdakit beside FLA ``chunk_kda`` and FlashKDA ``flash_kda.fwd`` on the cases of
+TARGETS.md (T = 8192 tokens at H = 96/64/32, few heads with T = 32768, the softplus gate).
+
+Inputs per case (kdakit.testing.prefill_inputs): bf16 q/k/v/g/beta, fp32 A_log/dt_bias,
+lower-bound gate -5 (or softplus), q/k L2 norm and beta sigmoid in kernel, fp32 V-first initial
+state, final state returned. Every callable writes into preallocated outputs; kdakit gets its
+workspace once, outside the timed region. Times: kdakit.testing.time_cuda (L2 flushed, median),
+under a CUDA graph where capture works (kdakit always; a peer whose capture fails is timed
+eagerly, and the row says so). The output of each peer is compared with kdakit's (rel. L2) so
+that a ratio is never reported for a wrong answer unnoticed.
+
+Usage::
+
+    python -m kdakit.bench.prefill [--cases H96-fixed,H32] [--peers fla,flash_kda]
+        [--peer-cases H96-fixed,H32-1024x8] [--repeats 20] [--json out.json] [--png out.png]
+
+``--cases`` and ``--peer-cases`` keep cases whose name contains one of the comma-separated
+substrings; peers run only on ``--peer-cases`` (default: every selected case). FLA autotunes each
+new shape on its first call (up to a minute), hence ``--peer-cases``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any, Callable
+
+from .. import testing
+
+LOWER_BOUND = -5.0
+
+
+def _select(cases, spec: str | None):
+    if not spec:
+        return list(cases)
+    keys = [s for s in spec.split(",") if s]
+    return [c for c in cases if any(k in c.name for k in keys)]
+
+
+def _kdakit_runner(case, x) -> tuple[Callable[[], Any], Any]:
+    import torch
+
+    import kdakit
+
+    B, T, HV, V = case.B, case.T, case.num_v_heads, case.V
+    out = torch.empty((B, T, HV, V), dtype=torch.bfloat16, device="cuda")
+    final = torch.empty_like(x["initial_state"])
+    kwargs = dict(gate=case.gate, A_log=x["A_log"], dt_bias=x["dt_bias"],
+                  lower_bound=LOWER_BOUND if case.gate == "lower_bound" else None,
+                  use_qk_l2norm=True, use_beta_sigmoid=True, cu_seqlens=x["cu_seqlens"],
+                  initial_state=x["initial_state"], final_state=final, state_layout="v_first")
+    args = (x["q"], x["k"], x["v"], x["g"], x["beta"])
+    nbytes = kdakit.prefill_workspace_size(*args, **kwargs)
+    workspace = torch.empty(max(int(nbytes), 1), dtype=torch.uint8, device="cuda")
+
+    def run():
+        kdakit.prefill(*args, **kwargs, workspace=workspace, out=out)
+
+    return run, out
+
+
+def _fla_runner(fla, case, x) -> tuple[Callable[[], Any], Any] | None:
+    fn = fla.functions.get("chunk_kda")
+    if fn is None:
+        return None
+    holder = {}
+    kwargs = dict(initial_state=x["initial_state"], output_final_state=True,
+                  use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True,
+                  use_beta_sigmoid_in_kernel=True, A_log=x["A_log"], dt_bias=x["dt_bias"],
+                  state_v_first=True, cu_seqlens=x["cu_seqlens"])
+    if case.gate == "lower_bound":
+        kwargs["lower_bound"] = LOWER_BOUND
+
+    def run():
+        holder["o"] = fn(x["q"], x["k"], x["v"], x["g"], x["beta"], **kwargs)[0]
+
+    return run, holder
+
+
+def _flash_kda_runner(fkda, case, x) -> tuple[Callable[[], Any], Any] | None:
+    import torch
+
+    fn = fkda.functions.get("fwd")
+    if fn is None or case.gate != "lower_bound" or case.num_v_heads != case.H:
+        return None  # FlashKDA: lower-bound gate only, no GVA
+    out = torch.empty((case.B, case.T, case.H, case.V), dtype=torch.bfloat16, device="cuda")
+    final = torch.empty_like(x["initial_state"])
+    dt_bias = x["dt_bias"].view(case.H, case.K)
+
+    def run():
+        fn(x["q"], x["k"], x["v"], x["g"], x["beta"], case.K ** -0.5, out, x["A_log"], dt_bias,
+           LOWER_BOUND, initial_state=x["initial_state"], final_state=final,
+           cu_seqlens=x["cu_seqlens"])
+
+    return run, out
+
+
+def _time(run, repeats: int) -> tuple[float | None, str]:
+    """Median ms under a CUDA graph, else eager; (None, why) when the callable fails."""
+    import torch
+
+    try:
+        return testing.time_cuda(run, repeats=repeats, graph=True).median_ms, "graph"
+    except Exception:  # noqa: BLE001 - capture not supported by this callable: time it eagerly
+        torch.cuda.synchronize()
+    try:
+        return testing.time_cuda(run, repeats=repeats, graph=False).median_ms, "eager"
+    except Exception as err:  # noqa: BLE001 - a peer that fails is reported, not raised
+        torch.cuda.synchronize()
+        return None, f"failed: {type(err).__name__}: {err}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m kdakit.bench.prefill", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--cases", default="", help="comma-separated name substrings (default: all)")
+    ap.add_argument("--peers", default="fla,flash_kda", help="peers to time: fla, flash_kda, none")
+    ap.add_argument("--peer-cases", default="", help="cases on which the peers run (default: all)")
+    ap.add_argument("--repeats", type=int, default=20)
+    ap.add_argument("--cooldown", type=float, default=0.3, help="seconds between cases")
+    ap.add_argument("--json", default="", help="write the rows here")
+    ap.add_argument("--png", default="", help="write a bar plot here (needs matplotlib)")
+    args = ap.parse_args(argv)
+
+    ok, why = testing.cuda_available()
+    if not ok:
+        print(f"kdakit.bench.prefill: needs a CUDA GPU ({why})")
+        return 0
+    import torch
+
+    wanted = {p for p in args.peers.split(",") if p and p != "none"}
+    peers = {}
+    if "fla" in wanted:
+        peers["FLA"] = testing.import_fla()
+    if "flash_kda" in wanted:
+        peers["FlashKDA"] = testing.import_flash_kda()
+    for p in peers.values():
+        print(p.describe())
+    live = [name for name, p in peers.items() if p.available]
+
+    cases = _select(testing.prefill_bench_cases(), args.cases)
+    peer_cases = {c.name for c in _select(cases, args.peer_cases)}
+    rows = []
+    for case in cases:
+        x = testing.prefill_inputs(case, lib="torch", device="cuda", seed=0)
+        run, out = _kdakit_runner(case, x)
+        ms, how = _time(run, args.repeats)
+        row = testing.Row(case=case.name, kdakit_ms=ms,
+                          repro=testing.repro_command("kdakit.bench.prefill", "--cases", case.name))
+        notes = [] if how == "graph" else [f"kdakit {how}"]
+        if ms is not None:
+            tokens = case.total_tokens * case.num_v_heads
+            row.metrics["Mtok*head/ms"] = tokens / ms / 1e6
+        # NOTE: kdakit's time first, so a peer stuck in autotuning leaves it on record.
+        print(f"{case.name:<22} {case.label():<40} kdakit {ms if ms is None else round(ms, 4)} ms"
+              + ("" if how == "graph" else f" ({how})"), flush=True)
+        for name in live:
+            if case.name not in peer_cases:
+                row.peers_ms[name] = None
+                continue
+            maker = _fla_runner if name == "FLA" else _flash_kda_runner
+            made = maker(peers[name], case, x)
+            if made is None:
+                row.peers_ms[name] = None
+                notes.append(f"{name}: case not supported")
+                continue
+            peer_run, peer_out = made
+            pms, phow = _time(peer_run, args.repeats)
+            row.peers_ms[name] = pms
+            if phow != "graph":
+                notes.append(f"{name} {phow}")
+            if pms is not None and ms is not None:
+                peer_run()
+                run()
+                torch.cuda.synchronize()
+                po = peer_out["o"] if isinstance(peer_out, dict) else peer_out
+                row.metrics[f"relL2 vs {name}"] = testing.rel_l2(out.float().cpu(), po.float().cpu())
+        rows.append(row)
+        if any(row.peers_ms.get(n) is not None for n in live) or notes:
+            print(f"{'':<22} " + "".join(f"  {n} {row.peers_ms.get(n)} ms" for n in live)
+                  + (f"  ({'; '.join(notes)})" if notes else ""), flush=True)
+        del x
+        testing.cooldown(args.cooldown)
+
+    print()
+    testing.print_table(rows, live, title=f"kdakit prefill on {torch.cuda.get_device_name()} "
+                        "(ms, median; xPeer = peer time / kdakit time)")
+    for name, p in peers.items():
+        if not p.available:
+            print(f"{name}: not importable ({p.reason})")
+    meta = {"device": torch.cuda.get_device_name(), "peers": {n: p.describe() for n, p in peers.items()},
+            "argv": sys.argv[1:] if argv is None else argv}
+    if args.json:
+        print("json:", testing.write_json(args.json, rows, meta))
+    if args.png:
+        path = testing.plot_bars(args.png, rows, live, title="kdakit prefill")
+        print("png:", path if path else "not written (matplotlib not importable)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
