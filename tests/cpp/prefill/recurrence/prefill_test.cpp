@@ -88,6 +88,9 @@ std::vector<PrefillCase> gpu_cases() {
   all.push_back({.name = "strided_views_aligned", .seq_lens = {29, 100}, .H = 2, .HV = 4, .K = 128, .V = 128, .pad = 8});
   all.push_back({.name = "many_short", .seq_lens = {1, 2, 3, 5, 8, 13, 21, 34, 55, 0, 89}, .K = 128, .V = 128,
                  .initial = StateSource::kPool, .final_state = StateSource::kPool, .extra_slots = 4, .in_place = true});
+  // average length <= 16 tokens: the dispatcher takes the token-serial kernel
+  all.push_back({.name = "short_token_serial", .seq_lens = {16, 3, 0, 20, 9, 16, 1}, .K = 128, .V = 128,
+                 .chunk_state_interval = 64});
   return all;
 }
 
