@@ -271,6 +271,26 @@ std::vector<DecodeCase> decode_cases() {
     c.tail = 2;
     add(c);
   }
+  // Kernel choice (dispatch.cu): V-first one-column decode goes to the staged kernel (dense
+  // T = 1: single-token variant; packed with T <= N: token-loop variant) when the pool is
+  // 16-byte aligned, to the register kernel otherwise. These cases pin each route.
+  {
+    DecodeCase c = base_case("staged_packed_token_loop");
+    c.seq_lens = {1, 0, 2, 1, 1, 0, 1};  // 6 tokens for 7 sequences, one of them 2 tokens long
+    add(c);
+  }
+  {
+    DecodeCase c = base_case("staged_packed_token_loop_bf16");
+    c.seq_lens = {2, 0, 1, 0, 3, 1};
+    c.dtype_state = DType::kBFloat16;
+    add(c);
+  }
+  {
+    DecodeCase c = base_case("registers_bf16_slots_8_byte_aligned");
+    c.dtype_state = DType::kBFloat16;
+    c.pad = 4;  // slot stride HV*V*K + 4 bf16 elements: 8-byte, not 16-byte aligned
+    add(c);
+  }
   {
     DecodeCase c = base_case("multi_token_in_place");
     c.seqlen = 5;

@@ -66,6 +66,29 @@ struct SharedMemoryPlan {
 };
 
 // ------------------------------------------------------------------------------------------
+// Staged variant (V-first decode, one index column): the CTA's state slice is copied into
+// shared memory with cp.async (no registers held while the loads are in flight) and the token
+// math streams over it in two passes. Shared memory per CTA:
+//   slice[32][K] in the state dtype (the cp.async target; fp32 pools also keep the running
+//   state there between tokens), for bf16 pools a fp32 running copy [32][K] (sequences of more
+//   than one token), then the token buffer of SharedMemoryPlan<K> for one token.
+// NOTE: 8 CTAs per SM (64 registers per thread) for one token per sequence: 128 KB of fp32
+// state loads in flight per SM, and the per-CTA latency chain (slot index -> state -> math ->
+// store) overlaps across 8 CTAs. With a token loop (packed batches) the kernel needs 80
+// registers without spills: 6 CTAs per SM (ptxas -v, nvcc 13.0).
+constexpr int staged_min_ctas_per_sm(bool single_token) { return single_token ? 8 : 6; }
+
+template <class StateT, int kHeadDim>
+struct StagedSharedMemoryPlan {
+  static constexpr int kSliceBytes = kValuesPerCta * kHeadDim * int(sizeof(StateT));
+  static constexpr bool kSeparateRunning = sizeof(StateT) != sizeof(float);
+  static constexpr int kRunningBytes = kSeparateRunning ? kValuesPerCta * kHeadDim * int(sizeof(float)) : 0;
+  static constexpr int kTokenOffsetBytes = kSliceBytes + kRunningBytes;
+  static constexpr int bytes() { return kTokenOffsetBytes + SharedMemoryPlan<kHeadDim>::bytes(1); }
+  static_assert(kSliceBytes % (16 * kThreads) == 0, "the slice copy moves 16-byte chunks, the same count per thread");
+};
+
+// ------------------------------------------------------------------------------------------
 // Kernel-side parameters (passed by value as __grid_constant__)
 // ------------------------------------------------------------------------------------------
 

@@ -107,16 +107,48 @@ void copy_common(const Params& p, RecurrentKernelParams& k) {
   k.scalar_gate = p.scalar_gate;
 }
 
+// Which kernel serves a call: the staged variant (state slice staged in shared memory through
+// cp.async, see kernel.cuh) for V-first decode with one index column, at most one token per
+// sequence on average, and a 16-byte aligned pool; the register kernel otherwise (several
+// tokens per sequence, speculative decoding, K-first, short prefill).
+enum class Variant { kRegisters, kStagedSingle, kStagedMulti };
+
+Variant choose_variant(const RecurrentKernelParams& k, DType dtype_state, StateLayout layout) {
+  if (k.mode != recurrent::Mode::kDecode || layout != StateLayout::kVFirst || k.num_index_cols != 1) {
+    return Variant::kRegisters;
+  }
+  const int64_t stride_bytes = (k.num_pool_slots > 1 ? k.stride_pool_slot : 0) * state_elem_bytes(dtype_state);
+  if (reinterpret_cast<uintptr_t>(k.pool) % 16 != 0 || stride_bytes % 16 != 0) return Variant::kRegisters;
+  if (k.cu_seqlens == nullptr) return k.seqlen == 1 ? Variant::kStagedSingle : Variant::kRegisters;
+  return k.seqlen <= k.num_seqs ? Variant::kStagedMulti : Variant::kRegisters;
+}
+
 // The one runtime -> template switch.
 Status launch(const RecurrentKernelParams& k, DType dtype_state, StateLayout layout, int head_dim,
               cudaStream_t stream) {
+  const Variant variant = choose_variant(k, dtype_state, layout);
   if (print_configs()) {
     std::fprintf(stderr,
-                 "kdakit: kda_decode_sm90_kernel state=%s layout=%s K=V=%d mode=%s seqs=%lld heads=%d "
+                 "kdakit: kda_decode_sm90_%s state=%s layout=%s K=V=%d mode=%s seqs=%lld heads=%d "
                  "token_group=%d ctas=%lld\n",
+                 variant == Variant::kRegisters      ? "kernel"
+                 : variant == Variant::kStagedSingle ? "staged_kernel (single token)"
+                                                     : "staged_kernel (token loop)",
                  to_string(dtype_state), to_string(layout), head_dim,
                  k.mode == recurrent::Mode::kDecode ? "decode" : "prefill", (long long)k.num_seqs, k.num_v_heads,
                  k.token_group, (long long)(k.num_seqs * k.num_v_heads * (head_dim / recurrent::kValuesPerCta)));
+  }
+  auto staged = [&]<class StateT, bool kSingle>() -> Status {
+    if (head_dim == 128) return recurrent::launch_staged<StateT, 128, kSingle>(k, stream);
+    return recurrent::launch_staged<StateT, 64, kSingle>(k, stream);
+  };
+  if (variant != Variant::kRegisters) {
+    const bool single = variant == Variant::kStagedSingle;
+    if (dtype_state == DType::kFloat32) {
+      return single ? staged.template operator()<float, true>() : staged.template operator()<float, false>();
+    }
+    return single ? staged.template operator()<__nv_bfloat16, true>()
+                  : staged.template operator()<__nv_bfloat16, false>();
   }
   auto by_dim = [&]<class StateT, StateLayout kLayout>() -> Status {
     if (head_dim == 128) return recurrent::launch_recurrent<StateT, kLayout, 128>(k, stream);

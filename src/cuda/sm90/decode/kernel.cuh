@@ -104,29 +104,59 @@ __device__ __forceinline__ int64_t first_chunk_entry(const RecurrentKernelParams
 // Token preprocessing (one warp per token) into shared memory
 // ------------------------------------------------------------------------------------------
 
+// Raw inputs of one token for one lane: what the preprocessing reads from global memory. Split
+// from the arithmetic so that a kernel can issue these loads early (before its state loads).
+// kPreloadGate: A_log and dt_bias are loaded here too (else where used, in finish_token: the
+// register kernel holds its state meanwhile and has no registers to spare).
 template <int kHeadDim>
-__device__ __forceinline__ void preprocess_token(const RecurrentKernelParams& p, float* smem,
-                                                 int group, int slot_in_group, int64_t row,
-                                                 int64_t t, int h, int j0, int lane) {
-  using Plan = SharedMemoryPlan<kHeadDim>;
-  constexpr int kE = kHeadDim / 32;  // key channels per lane
+__device__ __forceinline__ float load_bias(const RecurrentKernelParams& p, int h, int i) {
+  return p.dt_bias == nullptr ? 0.f : p.scalar_gate ? p.dt_bias[h] : p.dt_bias[int64_t(h) * kHeadDim + i];
+}
+
+template <int kHeadDim>
+struct RawToken {
+  static constexpr int kE = kHeadDim / 32;  // key channels per lane
+  float q[kE], k[kE], g[kE], bias[kE];
+  float beta, v, a_log;
+};
+
+template <int kHeadDim, bool kPreloadGate>
+__device__ __forceinline__ RawToken<kHeadDim> load_token(const RecurrentKernelParams& p, int64_t row, int64_t t,
+                                                         int h, int j0, int lane) {
+  constexpr int kE = RawToken<kHeadDim>::kE;
+  RawToken<kHeadDim> x;
   const int hk = h / (p.num_v_heads / p.num_qk_heads);
   const int i0 = lane * kE;
-
   const int64_t q_base = row * p.stride_q_b + t * p.stride_q_t + int64_t(hk) * p.stride_q_h + i0;
   const int64_t k_base = row * p.stride_k_b + t * p.stride_k_t + int64_t(hk) * p.stride_k_h + i0;
   const int64_t g_base = row * p.stride_g_b + t * p.stride_g_t + int64_t(h) * p.stride_g_h;
-  float q[kE], k[kE], g[kE];
 #pragma unroll
   for (int e = 0; e < kE; ++e) {
-    q[e] = load_as_float(p.q, p.dtype_qkv, q_base + e);
-    k[e] = load_as_float(p.k, p.dtype_qkv, k_base + e);
-    g[e] = load_as_float(p.g, p.dtype_g, g_base + (p.scalar_gate ? 0 : i0 + e));
+    x.q[e] = load_as_float(p.q, p.dtype_qkv, q_base + e);
+    x.k[e] = load_as_float(p.k, p.dtype_qkv, k_base + e);
+    x.g[e] = load_as_float(p.g, p.dtype_g, g_base + (p.scalar_gate ? 0 : i0 + e));
+    if constexpr (kPreloadGate) x.bias[e] = load_bias<kHeadDim>(p, h, i0 + e);
   }
-  const float beta_raw =
-      load_as_float(p.beta, p.dtype_beta, row * p.stride_beta_b + t * p.stride_beta_t + int64_t(h) * p.stride_beta_h);
-  const float v = load_as_float(p.v, p.dtype_qkv,
-                                row * p.stride_v_b + t * p.stride_v_t + int64_t(h) * p.stride_v_h + j0 + lane);
+  x.beta = load_as_float(p.beta, p.dtype_beta, row * p.stride_beta_b + t * p.stride_beta_t + int64_t(h) * p.stride_beta_h);
+  x.v = load_as_float(p.v, p.dtype_qkv, row * p.stride_v_b + t * p.stride_v_t + int64_t(h) * p.stride_v_h + j0 + lane);
+  if constexpr (kPreloadGate) x.a_log = p.A_log != nullptr ? p.A_log[h] : 0.f;
+  return x;
+}
+
+// The arithmetic of the preprocessing (one warp, one token), written to token slot
+// `slot_in_group` of the shared-memory token buffer.
+template <int kHeadDim, bool kPreloadGate>
+__device__ __forceinline__ void finish_token(const RecurrentKernelParams& p, const RawToken<kHeadDim>& x, int h,
+                                             float* smem, int group, int slot_in_group, int lane) {
+  using Plan = SharedMemoryPlan<kHeadDim>;
+  constexpr int kE = RawToken<kHeadDim>::kE;
+  const int i0 = lane * kE;
+  float q[kE], k[kE];
+#pragma unroll
+  for (int e = 0; e < kE; ++e) {
+    q[e] = x.q[e];
+    k[e] = x.k[e];
+  }
 
   // --- q/k L2 norm, then scale on q
   float q_scale = p.scale;
@@ -156,22 +186,20 @@ __device__ __forceinline__ void preprocess_token(const RecurrentKernelParams& p,
   float decay[kE];
   if (p.gate == GateMode::kPrecomputed) {
 #pragma unroll
-    for (int e = 0; e < kE; ++e) decay[e] = expf(g[e]);
+    for (int e = 0; e < kE; ++e) decay[e] = expf(x.g[e]);
   } else {
-    const float a_log = p.A_log != nullptr ? p.A_log[h] : 0.f;
+    const float a_log = kPreloadGate ? x.a_log : (p.A_log != nullptr ? p.A_log[h] : 0.f);
     const float a = p.A_log != nullptr ? expf(a_log) : 1.f;
 #pragma unroll
     for (int e = 0; e < kE; ++e) {
-      const float bias = p.dt_bias == nullptr ? 0.f
-                         : p.scalar_gate      ? p.dt_bias[h]
-                                              : p.dt_bias[int64_t(h) * kHeadDim + i0 + e];
+      const float bias = kPreloadGate ? x.bias[e] : load_bias<kHeadDim>(p, h, i0 + e);
       const float gamma = p.gate == GateMode::kSoftplus
-                              ? kdakit::cuda::gate_softplus(g[e], -a, bias)
-                              : kdakit::cuda::gate_lower_bound(g[e], a, bias, p.lower_bound);
+                              ? kdakit::cuda::gate_softplus(x.g[e], -a, bias)
+                              : kdakit::cuda::gate_lower_bound(x.g[e], a, bias, p.lower_bound);
       decay[e] = expf(gamma);
     }
   }
-  const float beta = kdakit::cuda::beta_activation(beta_raw, p.use_beta_sigmoid, p.allow_neg_eigval);
+  const float beta = kdakit::cuda::beta_activation(x.beta, p.use_beta_sigmoid, p.allow_neg_eigval);
 
   // --- store
   float* q_s = smem + Plan::q(group) + slot_in_group * kHeadDim + i0;
@@ -183,11 +211,19 @@ __device__ __forceinline__ void preprocess_token(const RecurrentKernelParams& p,
     k_s[e] = k[e];
     d_s[e] = decay[e];
   }
-  smem[Plan::v(group) + slot_in_group * kValuesPerCta + lane] = v;
+  smem[Plan::v(group) + slot_in_group * kValuesPerCta + lane] = x.v;
   if (lane == 0) {
     smem[Plan::beta(group) + slot_in_group] = beta;
     smem[Plan::kq(group) + slot_in_group] = kq;
   }
+}
+
+template <int kHeadDim>
+__device__ __forceinline__ void preprocess_token(const RecurrentKernelParams& p, float* smem, int group,
+                                                 int slot_in_group, int64_t row, int64_t t, int h, int j0,
+                                                 int lane) {
+  finish_token<kHeadDim, false>(p, load_token<kHeadDim, false>(p, row, t, h, j0, lane), h, smem, group,
+                                slot_in_group, lane);
 }
 
 // Reads n consecutive fp32 values of shared memory (16-byte aligned) into registers.
@@ -583,6 +619,209 @@ Status launch_recurrent(const RecurrentKernelParams& p, cudaStream_t stream) {
   if (err != cudaSuccess) {
     return Status(StatusCode::kCudaError, std::string(__FILE__) + ":" + std::to_string(__LINE__) +
                                               ": kda_decode_sm90_kernel launch failed: " + cudaGetErrorString(err));
+  }
+  return Status::Ok();
+}
+
+// ------------------------------------------------------------------------------------------
+// Staged variant: kda_decode_sm90_staged_kernel (V-first, decode, one index column)
+// ------------------------------------------------------------------------------------------
+//
+// Same math and grid as kda_decode_sm90_kernel; what differs is where the state waits:
+//   1. warp 0 issues the raw loads of token 0 (q, k, g, beta, v, A_log, dt_bias) first, so
+//      that they overlap the slot-index -> state chain;
+//   2. the start slot is read; padding rows write zeros and return;
+//   3. the 32 x K slice is copied into shared memory with cp.async (16-byte chunks, coalesced,
+//      `kSliceBytes / (16 * 128)` per thread): no register is tied to an outstanding load, so
+//      8 CTAs fit on an SM (64 registers) instead of 5;
+//   4. warp 0 finishes token 0's preprocessing into the token buffer; wait for the copy; barrier;
+//   5. per token, each warp streams over its 8 rows twice: pass 1 decays a row and forms the
+//      partial <s, k>, <s, q> (reduce-scatter as in step_vfirst), pass 2 decays again (same
+//      operations, same bits), adds delta k and either stores the row to the pool (last token)
+//      or keeps it in the fp32 running state in shared memory (sequences of several tokens,
+//      possible with cu_seqlens; warp 0 preprocesses each next token, one barrier around it).
+
+__device__ __forceinline__ void cp_async_16(void* smem_dst, const void* gmem_src) {
+  const uint32_t dst = static_cast<uint32_t>(__cvta_generic_to_shared(smem_dst));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(gmem_src) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
+
+// kE consecutive elements of a shared-memory row as fp32.
+template <int kE, class T>
+__device__ __forceinline__ void load_smem_row(const T* p, float (&out)[kE]) {
+  if constexpr (std::is_same_v<T, float>) {
+    load_smem<kE>(p, out);
+  } else {
+    kdakit::cuda::load_vec<kE>(p, out);
+  }
+}
+
+template <class StateT, int kHeadDim, bool kSingleToken>
+__global__ void __launch_bounds__(kThreads, staged_min_ctas_per_sm(kSingleToken))
+    kda_decode_sm90_staged_kernel(const __grid_constant__ RecurrentKernelParams p) {
+  using Plan = SharedMemoryPlan<kHeadDim>;
+  using Staged = StagedSharedMemoryPlan<StateT, kHeadDim>;
+  constexpr int kE = kHeadDim / 32;
+  constexpr int kSlices = kHeadDim / kValuesPerCta;
+  constexpr int64_t kBlockElems = int64_t(kHeadDim) * kHeadDim;
+  constexpr int kChunksPerThread = Staged::kSliceBytes / (16 * kThreads);
+  static_assert(kRowsPerWarp == 8, "the reduce-scatter is written for 8 rows per warp");
+  extern __shared__ float4 smem_raw[];
+  char* smem_bytes = reinterpret_cast<char*>(smem_raw);
+  StateT* slice = reinterpret_cast<StateT*>(smem_bytes);
+  float* running = Staged::kSeparateRunning ? reinterpret_cast<float*>(smem_bytes + Staged::kSliceBytes)
+                                            : reinterpret_cast<float*>(smem_bytes);
+  float* tok = reinterpret_cast<float*>(smem_bytes + Staged::kTokenOffsetBytes);
+
+  const int warp = threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  const int cta = int(blockIdx.x);
+  const int j0 = (cta % kSlices) * kValuesPerCta;
+  const int h = (cta / kSlices) % p.num_v_heads;
+  const int64_t n = cta / (kSlices * p.num_v_heads);
+  const int64_t head_offset = int64_t(h) * kBlockElems;
+
+  // --- 1. token 0's raw inputs (warp 0), issued before the dependent slot -> state chain
+  const TokenRange range = token_range(p, n);
+  const int64_t len = range.end - range.begin;
+  RawToken<kHeadDim> raw;
+  if (warp == 0 && len > 0) raw = load_token<kHeadDim, true>(p, range.row, range.begin, h, j0, lane);
+
+  // --- 2. start slot (one index column: the state goes back where it came from)
+  const int64_t start = p.state_indices[n * p.stride_state_indices_n];
+  if (!slot_valid(start, p.num_pool_slots, p.null_slot_is_padding)) {
+    for (int64_t x = threadIdx.x; x < len * kValuesPerCta; x += kThreads) {
+      const int64_t t = range.begin + x / kValuesPerCta;
+      const int j = j0 + int(x % kValuesPerCta);
+      store_from_float(p.o, p.dtype_qkv, range.row * p.stride_o_b + t * p.stride_o_t + int64_t(h) * p.stride_o_h + j,
+                       0.f);
+    }
+    return;
+  }
+  if (len == 0) return;  // an empty sequence: its state passes through untouched
+  StateT* block = static_cast<StateT*>(p.pool) + start * p.stride_pool_slot + head_offset + int64_t(j0) * kHeadDim;
+
+  // --- 3. the slice into shared memory (16-byte chunks, consecutive threads -> consecutive chunks)
+  {
+    const char* src = reinterpret_cast<const char*>(block);
+#pragma unroll
+    for (int c = 0; c < kChunksPerThread; ++c) {
+      const int chunk = c * kThreads + int(threadIdx.x);
+      cp_async_16(smem_bytes + chunk * 16, src + chunk * 16);
+    }
+    cp_async_commit();
+  }
+
+  // --- 4./5. tokens
+  const int row0 = warp * kRowsPerWarp;  // first of this warp's rows inside the slice
+  // NOTE: kSingleToken (the launcher guarantees len <= 1: dense batches with T = 1) drops the
+  // token loop; its loop-carried values cost the 16 registers that keep the kernel at 64.
+  const int64_t steps = kSingleToken ? 1 : len;
+#pragma unroll 1
+  for (int64_t t = 0; t < steps; ++t) {
+    if (warp == 0) {
+      if (t > 0) raw = load_token<kHeadDim, true>(p, range.row, range.begin + t, h, j0, lane);
+      finish_token<kHeadDim, true>(p, raw, h, tok, 1, 0, lane);
+    }
+    if (t == 0) cp_async_wait_all();
+    __syncthreads();
+
+    float q[kE], k[kE], d[kE];
+    load_smem<kE>(tok + Plan::q(1) + lane * kE, q);
+    load_smem<kE>(tok + Plan::k(1) + lane * kE, k);
+    load_smem<kE>(tok + Plan::decay(1) + lane * kE, d);
+    const float beta = tok[Plan::beta(1)];
+    const float kq = tok[Plan::kq(1)];
+    const bool from_slice = kSingleToken || t == 0;
+    const bool last = kSingleToken || t + 1 == len;
+
+    // Pass 1: decayed rows -> partial dot products.
+    float part[2 * kRowsPerWarp];
+#pragma unroll
+    for (int r = 0; r < kRowsPerWarp; ++r) {
+      float s[kE];
+      const int offset = (row0 + r) * kHeadDim + lane * kE;
+      if (from_slice) {
+        load_smem_row<kE>(slice + offset, s);
+      } else {
+        load_smem<kE>(running + offset, s);
+      }
+      part[r] = 0.f;
+      part[kRowsPerWarp + r] = 0.f;
+#pragma unroll
+      for (int e = 0; e < kE; ++e) {
+        s[e] *= d[e];
+        part[r] = fmaf(s[e], k[e], part[r]);
+        part[kRowsPerWarp + r] = fmaf(s[e], q[e], part[kRowsPerWarp + r]);
+      }
+    }
+    reduce_scatter_stage<8>(part, lane);
+    reduce_scatter_stage<4>(part, lane);
+    reduce_scatter_stage<2>(part, lane);
+    reduce_scatter_stage<1>(part, lane);
+    const float total = part[0] + __shfl_xor_sync(0xffffffffu, part[0], 1);
+    const int my_row = (lane >> 1) & (kRowsPerWarp - 1);
+    const float my_delta = beta * (tok[Plan::v(1) + row0 + my_row] - total);
+
+    // Pass 2: decay again (identical operations), rank-1 update, store.
+#pragma unroll
+    for (int r = 0; r < kRowsPerWarp; ++r) {
+      const float delta = __shfl_sync(0xffffffffu, my_delta, 2 * r);
+      float s[kE];
+      const int offset = (row0 + r) * kHeadDim + lane * kE;
+      if (from_slice) {
+        load_smem_row<kE>(slice + offset, s);
+      } else {
+        load_smem<kE>(running + offset, s);
+      }
+#pragma unroll
+      for (int e = 0; e < kE; ++e) s[e] = fmaf(delta, k[e], s[e] * d[e]);
+      if (last) {
+        kdakit::cuda::store_vec_stream<kE>(block + offset, s);
+      } else {
+#pragma unroll
+        for (int e = 0; e < kE; ++e) running[offset + e] = s[e];
+      }
+    }
+    const float partner_delta = __shfl_xor_sync(0xffffffffu, my_delta, 16);
+    if (lane >= 16 && (lane & 1) == 0) {
+      const int64_t o_off = range.row * p.stride_o_b + (range.begin + t) * p.stride_o_t + int64_t(h) * p.stride_o_h +
+                            j0 + row0 + my_row;
+      store_from_float(p.o, p.dtype_qkv, o_off, fmaf(partner_delta, kq, total));
+    }
+    if (!last) __syncthreads();  // the token buffer is rewritten for the next token
+  }
+}
+
+template <class StateT, int kHeadDim, bool kSingleToken>
+Status launch_staged(const RecurrentKernelParams& p, cudaStream_t stream) {
+  const int64_t ctas = p.num_seqs * p.num_v_heads * (kHeadDim / kValuesPerCta);
+  if (ctas <= 0) return Status::Ok();
+  if (ctas > int64_t{0x7fffffff}) {
+    return Status(StatusCode::kUnsupported,
+                  "decode: num_seqs * num_v_heads * " + std::to_string(kHeadDim / kValuesPerCta) +
+                      " CTAs exceed the grid limit 2^31 - 1 (got " + std::to_string(ctas) + ")");
+  }
+  const int smem_bytes = StagedSharedMemoryPlan<StateT, kHeadDim>::bytes();
+  // NOTE: ask for the largest shared-memory carveout once, so that the 8 CTAs per SM the
+  // registers allow (8 x 20-28 KB) are not cut by a smaller default L1/shared split.
+  static const cudaError_t carveout = cudaFuncSetAttribute(
+      kda_decode_sm90_staged_kernel<StateT, kHeadDim, kSingleToken>, cudaFuncAttributePreferredSharedMemoryCarveout,
+      int(cudaSharedmemCarveoutMaxShared));
+  if (carveout != cudaSuccess) {
+    return Status(StatusCode::kCudaError, std::string(__FILE__) + ":" + std::to_string(__LINE__) +
+                                              ": setting the shared-memory carveout failed: " +
+                                              cudaGetErrorString(carveout));
+  }
+  kda_decode_sm90_staged_kernel<StateT, kHeadDim, kSingleToken>
+      <<<dim3(unsigned(ctas)), kThreads, smem_bytes, stream>>>(p);
+  const cudaError_t err = cudaGetLastError();
+  if (err != cudaSuccess) {
+    return Status(StatusCode::kCudaError, std::string(__FILE__) + ":" + std::to_string(__LINE__) +
+                                              ": kda_decode_sm90_staged_kernel launch failed: " +
+                                              cudaGetErrorString(err));
   }
   return Status::Ok();
 }

@@ -11,4 +11,9 @@ namespace kdakit::sm90::recurrent {
 template <class StateT, StateLayout kLayout, int kHeadDim>
 Status launch_recurrent(const RecurrentKernelParams& p, cudaStream_t stream);
 
+// Staged variant: V-first layout, decode mode with one index column only. kSingleToken: every
+// sequence has at most one token (a dense batch with T = 1).
+template <class StateT, int kHeadDim, bool kSingleToken>
+Status launch_staged(const RecurrentKernelParams& p, cudaStream_t stream);
+
 }  // namespace kdakit::sm90::recurrent

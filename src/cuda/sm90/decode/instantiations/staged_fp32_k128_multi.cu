@@ -1,0 +1,6 @@
+// Explicit instantiation: staged V-first decode kernel, state fp32, K = V = 128, multi token(s) per sequence.
+#include "cuda/sm90/decode/kernel.cuh"
+
+namespace kdakit::sm90::recurrent {
+template Status launch_staged<float, 128, false>(const RecurrentKernelParams&, cudaStream_t);
+}  // namespace kdakit::sm90::recurrent

@@ -1,0 +1,6 @@
+// Explicit instantiation: staged V-first decode kernel, state fp32, K = V = 64, single token(s) per sequence.
+#include "cuda/sm90/decode/kernel.cuh"
+
+namespace kdakit::sm90::recurrent {
+template Status launch_staged<float, 64, true>(const RecurrentKernelParams&, cudaStream_t);
+}  // namespace kdakit::sm90::recurrent
