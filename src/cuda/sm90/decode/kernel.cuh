@@ -1,5 +1,7 @@
 // kda_decode_sm90_kernel: the token-serial KDA recurrence over a state pool (decode,
-// speculative decoding) or dense / pool-indexed states (short prefill).
+// speculative decoding) or dense / pool-indexed states (short prefill). The second kernel of
+// this file, kda_decode_sm90_staged_kernel (V-first decode with one index column), shares the
+// math and grid and stages the state in shared memory instead of registers; see its section.
 //
 // Math, per (sequence n, value head h), state S (K x V) in fp32 registers, for each token t:
 //   S <- diag(exp(gamma_t)) S;  S <- S + beta_t k_t (v_t - S^T k_t)^T;  o_t = S^T q_t
