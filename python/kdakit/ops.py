@@ -25,19 +25,14 @@ Preprocessing, all in fp32, each behind a flag:
 
 Shapes and dtypes:
 
-========================= ============================== ==========================================
-argument                  shape                          dtype
-========================= ============================== ==========================================
-q, k                      ``[B, T, H, K]``               bfloat16, float16, float32 (numpy: no bf16)
-v                         ``[B, T, HV, V]``              as q
-g                         ``[B, T, HV, K]`` (scalar_gate: ``[B, T, HV]``)  bfloat16, float16, float32
-beta                      ``[B, T, HV]``                 bfloat16, float16, float32
-o (returned / ``out``)    ``[B, T, HV, V]``              as v
-state                     ``[N, HV, V, K]`` (``state_layout="v_first"``, the serving layout)
-                          or ``[N, HV, K, V]`` (``"k_first"``, FLA's default)  float32 or bfloat16
-cu_seqlens                ``[N + 1]``                    int32 or int64
-slot indices              ``[N]`` (decode: ``[N]`` or ``[N, 1 + S]``)  int32
-========================= ============================== ==========================================
+* q, k: ``[B, T, H, K]``, bfloat16, float16 or float32 (numpy has no bfloat16).
+* v: ``[B, T, HV, V]``, the dtype of q; o (returned, or ``out``): ``[B, T, HV, V]``, as v.
+* g: ``[B, T, HV, K]`` (``scalar_gate``: ``[B, T, HV]``); beta: ``[B, T, HV]``; bfloat16,
+  float16 or float32.
+* state: ``[N, HV, V, K]`` (``state_layout="v_first"``, the serving layout) or
+  ``[N, HV, K, V]`` (``"k_first"``, FLA's default); float32 or bfloat16.
+* cu_seqlens: ``[N + 1]``, int32 or int64; slot indices: int32 ``[N]`` (decode also
+  ``[N, 1 + S]``).
 
 Strides are free except that the last dim of q, k, v, g, o is contiguous and each state
 ``[HV, ...]`` is dense; q/k/v may be views into a fused projection buffer.
