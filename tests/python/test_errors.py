@@ -217,3 +217,12 @@ def test_failed_call_leaves_the_pool_unchanged():
         kdakit.decode(d["q"], d["k"], d["v"], d["g"], d["beta"], d["state"], d["state_indices"],
                       gate="lower_bound", lower_bound=1.0, A_log=d["A_log"])
     assert np.array_equal(d["state"], before)
+
+
+def test_cpu_calls_take_no_stream_and_need_no_workspace(x):
+    args = (x["q"], x["k"], x["v"], x["g"], x["beta"])
+    assert kdakit.prefill_workspace_size(*args) == 0
+    with raises(ValueError, "stream"):
+        kdakit.prefill(*args, stream=1)
+    with pytest.raises(TypeError, match="unexpected arguments"):
+        kdakit.prefill_workspace_size(*args, gates="softplus")
