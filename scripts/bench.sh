@@ -9,5 +9,5 @@ source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 # --system-site-packages: an installed torch (and FLA/FlashKDA, the benchmark peers) stays visible.
 kdakit_venv .venv-bench scripts/requirements-bench.txt --system-site-packages
 PATH="$venv_bin:$PATH" "$py" -m pip install -q --disable-pip-version-check --no-build-isolation .
-cd /tmp  # import the installed package, not the source tree
+# (The repository root has no kdakit/ folder, so this imports the installed package.)
 exec "$py" -m kdakit bench "$@"
