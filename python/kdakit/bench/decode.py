@@ -21,9 +21,14 @@ a fraction of the 4.27 TB/s copy ceiling measured on H200 (TARGETS.md), FLA's ti
 speedup; then a geometric mean. Each case first checks kdakit's output against FLA's on the
 same inputs (relative L2), so a ratio never hides a wrong answer.
 
+Kernel variants: with ``--variants staged,ring,ring_deep`` (a build configured with the CMake
+option KDAKIT_DECODE_VARIANT_SELECT=ON, which reads KDAKIT_DECODE_VARIANT on every call) each
+decode row is checked and timed once per variant in the same process, beside one FLA timing;
+``auto`` is the dispatcher's own choice. Speculative and prefill rows have one kernel and run once.
+
 Usage::
 
-    python -m kdakit.bench.decode [--quick] [--repeats 20] [--json out.json]
+    python -m kdakit.bench.decode [--quick] [--repeats 20] [--variants auto] [--chunk-peer] [--json out.json]
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import statistics
 import sys
 from dataclasses import asdict, dataclass
@@ -56,6 +62,7 @@ class Case:
 @dataclass
 class Row:
     name: str
+    variant: str
     kdakit_us: float
     state_tbps: float
     ceiling_fraction: float
@@ -65,6 +72,13 @@ class Row:
     rel_l2_vs_fla: float | None
     rotation: int
     note: str = ""
+
+
+def floor_us(case: Case) -> float:
+    """State bytes (start state read, one write per sequence, or 1 + S with S) at the copy ceiling."""
+    elem = 4 if case.pool_dtype == "float32" else 2
+    writes = case.B * (min(case.T, 1 + case.S) if case.S else 1)
+    return (case.B + writes) * case.H * 128 * 128 * elem / (COPY_CEILING_TBPS * 1e12) * 1e6
 
 
 def cases(quick: bool) -> list[Case]:
@@ -137,13 +151,20 @@ def _time_graph(torch, calls, repeats: int) -> float:
     return statistics.median(times)
 
 
-def run_case(torch, kdakit, fla_rec, fla_chunk, case: Case, repeats: int, gen) -> Row:
+def _set_variant(variant: str) -> None:
+    if variant == "auto":
+        os.environ.pop("KDAKIT_DECODE_VARIANT", None)
+    else:
+        os.environ["KDAKIT_DECODE_VARIANT"] = variant
+
+
+def run_case(torch, kdakit, fla_rec, fla_chunk, case: Case, repeats: int, gen, variants: list[str],
+             chunk_peer: bool) -> list[Row]:
     H = HV = case.H
     K = V = 128
     B, T = case.B, case.T
     dtype = getattr(torch, case.pool_dtype)
     elem = 4 if case.pool_dtype == "float32" else 2
-    state_bytes = B * HV * K * V * elem  # one state per sequence, read once
     cols = 1 + case.S
     slots_per_call = B * cols
     rotation = max(2, math.ceil(ROTATION_BYTES / (slots_per_call * HV * K * V * elem)))
@@ -184,27 +205,20 @@ def run_case(torch, kdakit, fla_rec, fla_chunk, case: Case, repeats: int, gen) -
             use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True, use_beta_sigmoid_in_kernel=True,
             lower_bound=LOWER_BOUND, out=o_fla, **common)
 
-    # --- agreement with FLA on the same pool contents and inputs (the first slot set)
-    rel = None
+    # --- FLA on the first slot set, then each variant on the same pool contents and inputs
+    used = indices[0].reshape(-1).long()
+    saved = pool[used].clone()
+    after_fla = o_ref = None
     if fla_rec is not None:
-        used = indices[0].reshape(-1).long()
-        saved = pool[used].clone()
-        kdakit_call(indices[0])()
-        after_kdakit = pool[used].clone()
-        pool[used] = saved
         fla_call(0)()
         torch.cuda.synchronize()
-        rel_o = float((o.float() - o_fla.float()).norm() / o_fla.float().norm().clamp_min(1e-30))
-        after_fla = pool[used]
-        rel_s = float((after_kdakit.float() - after_fla.float()).norm() / after_fla.float().norm())
-        rel = max(rel_o, rel_s)
-        del saved, after_kdakit, after_fla
-
-    k_us = _time_graph(torch, [kdakit_call(i) for i in indices], repeats)
+        after_fla = pool[used].clone()
+        o_ref = o_fla.clone()  # NOTE: FLA's timing below overwrites o_fla with other slot sets
+        pool[used] = saved
     f_us = _time_graph(torch, [fla_call(r) for r in range(rotation)], repeats) if fla_rec is not None else None
 
     chunk_us = None
-    if case.kind == "prefill" and case.chunk_peer and fla_chunk is not None:
+    if case.kind == "prefill" and case.chunk_peer and chunk_peer and fla_chunk is not None:
         h0 = torch.zeros(B, HV, K, V, dtype=torch.float32, device="cuda")
 
         def chunk_call():
@@ -216,14 +230,29 @@ def run_case(torch, kdakit, fla_rec, fla_chunk, case: Case, repeats: int, gen) -
             chunk_us = _time_graph(torch, [chunk_call], repeats)
         except Exception as err:  # noqa: BLE001 - a peer that cannot be captured is reported
             print(f"  FLA chunk_kda not timed: {type(err).__name__}: {err}", file=sys.stderr)
+
     # Bytes: the start state read, every written state (1 per sequence, or per token with S).
     writes = B * (min(T, cols) if cols > 1 else 1)
     moved = (B + writes) * HV * K * V * elem
-    tbps = moved / (k_us * 1e-6) / 1e12
-    del pool
+    rows = []
+    for variant in (variants if case.kind == "decode" else ["auto"]):
+        _set_variant(variant)
+        rel = None
+        pool[used] = saved
+        kdakit_call(indices[0])()
+        torch.cuda.synchronize()
+        if after_fla is not None:
+            rel_o = float((o.float() - o_ref.float()).norm() / o_ref.float().norm().clamp_min(1e-30))
+            rel_s = float((pool[used].float() - after_fla.float()).norm() / after_fla.float().norm())
+            rel = max(rel_o, rel_s)
+        k_us = _time_graph(torch, [kdakit_call(i) for i in indices], repeats)
+        tbps = moved / (k_us * 1e-6) / 1e12
+        rows.append(Row(case.name, variant, k_us, tbps, tbps / COPY_CEILING_TBPS, f_us,
+                        (f_us / k_us) if f_us else None, chunk_us, rel, rotation))
+    _set_variant("auto")
+    del pool, saved, after_fla, o_ref
     torch.cuda.empty_cache()
-    return Row(case.name, k_us, tbps, tbps / COPY_CEILING_TBPS, f_us,
-               (f_us / k_us) if f_us else None, chunk_us, rel, rotation)
+    return rows
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -231,7 +260,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="B = 1, 32, 512 only")
     ap.add_argument("--repeats", type=int, default=15)
     ap.add_argument("--json", default=None, help="write the rows here")
+    ap.add_argument("--variants", default="auto",
+                    help="comma list of KDAKIT_DECODE_VARIANT values timed on decode rows (auto = the dispatcher's "
+                         "choice; others need a build with KDAKIT_DECODE_VARIANT_SELECT=ON)")
+    ap.add_argument("--chunk-peer", action="store_true", help="also time FLA chunk_kda on one prefill row (autotunes)")
     args = ap.parse_args(argv)
+    variants = [v for v in args.variants.split(",") if v]
 
     import torch
 
@@ -247,29 +281,33 @@ def main(argv: list[str] | None = None) -> int:
     gen.manual_seed(0)
     rows = []
     for case in cases(args.quick):
-        row = run_case(torch, kdakit, fla_rec, fla_chunk, case, args.repeats, gen)
-        rows.append(row)
-        print(f"  {row.name:28s} kdakit {row.kdakit_us:9.2f} us  {row.state_tbps:5.2f} TB/s "
-              f"({100 * row.ceiling_fraction:5.1f}%)  FLA {row.fla_us or float('nan'):9.2f} us  "
-              f"x{row.speedup or float('nan'):5.2f}  rel-vs-FLA {row.rel_l2_vs_fla or float('nan'):.1e}",
-              flush=True)
+        for row in run_case(torch, kdakit, fla_rec, fla_chunk, case, args.repeats, gen, variants, args.chunk_peer):
+            rows.append(row)
+            print(f"  {row.name:28s} {row.variant:10s} kdakit {row.kdakit_us:9.2f} us  {row.state_tbps:5.2f} TB/s "
+                  f"({100 * row.ceiling_fraction:5.1f}%)  FLA {row.fla_us or float('nan'):9.2f} us  "
+                  f"x{row.speedup or float('nan'):5.2f}  rel-vs-FLA {row.rel_l2_vs_fla or float('nan'):.1e}",
+                  flush=True)
+        if args.json:  # after every case, so that a run cut short keeps its rows
+            with open(args.json, "w") as f:
+                json.dump([asdict(r) for r in rows], f, indent=1)
 
-    print("\n| case | kdakit us | state TB/s | % of 4.27 | FLA us | FLA/kdakit | FLA chunk us | rel vs FLA |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("\n| case | variant | floor us | kdakit us | state TB/s | % of 4.27 | FLA us | FLA/kdakit | FLA chunk us "
+          "| rel vs FLA |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    floors = {c.name: floor_us(c) for c in cases(args.quick)}
     for r in rows:
         fla = f"{r.fla_us:.2f}" if r.fla_us else "-"
         sp = f"{r.speedup:.2f}" if r.speedup else "-"
         ch = f"{r.fla_chunk_us:.2f}" if r.fla_chunk_us else "-"
         rel = f"{r.rel_l2_vs_fla:.1e}" if r.rel_l2_vs_fla is not None else "-"
-        print(f"| {r.name} | {r.kdakit_us:.2f} | {r.state_tbps:.2f} | {100 * r.ceiling_fraction:.1f} | "
-              f"{fla} | {sp} | {ch} | {rel} |")
-    speedups = [r.speedup for r in rows if r.speedup]
-    if speedups:
-        geo = math.exp(sum(math.log(s) for s in speedups) / len(speedups))
-        print(f"\ngeometric mean FLA/kdakit over {len(speedups)} cases: {geo:.2f}")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump([asdict(r) for r in rows], f, indent=1)
+        fl = f"{floors[r.name]:.2f}" if not r.name.startswith("prefill") else "-"
+        print(f"| {r.name} | {r.variant} | {fl} | {r.kdakit_us:.2f} | {r.state_tbps:.2f} | "
+              f"{100 * r.ceiling_fraction:.1f} | {fla} | {sp} | {ch} | {rel} |")
+    for variant in variants:
+        speedups = [r.speedup for r in rows if r.speedup and (r.variant == variant or r.variant == "auto")]
+        if speedups:
+            geo = math.exp(sum(math.log(s) for s in speedups) / len(speedups))
+            print(f"geometric mean FLA/kdakit, variant {variant}, over {len(speedups)} cases: {geo:.2f}")
     return 0
 
 

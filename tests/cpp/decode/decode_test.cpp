@@ -285,6 +285,22 @@ std::vector<DecodeCase> decode_cases() {
     c.dtype_state = DType::kBFloat16;
     add(c);
   }
+  // Many more (sequence, head, slice) items than resident CTAs (4800 items; a persistent grid
+  // walks them several times round), with padding rows mixed in.
+  {
+    DecodeCase c = base_case("many_items_fp32");
+    c.batch = 300;
+    c.padding_rows = 40;
+    add(c);
+  }
+  {
+    DecodeCase c = base_case("many_items_bf16_null_slot");
+    c.batch = 300;
+    c.padding_rows = 40;
+    c.null_slot_is_padding = true;
+    c.dtype_state = DType::kBFloat16;
+    add(c);
+  }
   {
     DecodeCase c = base_case("registers_bf16_slots_8_byte_aligned");
     c.dtype_state = DType::kBFloat16;

@@ -107,33 +107,84 @@ void copy_common(const Params& p, RecurrentKernelParams& k) {
   k.scalar_gate = p.scalar_gate;
 }
 
-// Which kernel serves a call: the staged variant (state slice staged in shared memory through
-// cp.async, see kernel.cuh) for V-first decode with one index column, at most one token per
-// sequence on average, and a 16-byte aligned pool; the register kernel otherwise (several
-// tokens per sequence, speculative decoding, K-first, short prefill).
-enum class Variant { kRegisters, kStagedSingle, kStagedMulti };
+// Which kernel serves a call:
+//   - the staged variant (kernel.cuh: one CTA per slice, cp.async into shared memory) for
+//     V-first one-column decodes with at most one token per sequence on average (dense T = 1,
+//     packed batches with T <= N) and a 16-byte aligned pool;
+//   - the register kernel otherwise (several tokens per sequence, speculative decoding,
+//     K-first, short prefill, pools not 16-byte aligned).
+// The ring variant (ring.cuh: persistent grid, bulk copies into a ring of shared-memory
+// stages) fits dense T = 1, K = 128 decodes too but measured slower than the staged kernel on
+// 19 of 20 decode rows (H200, docs/design/20261129-decode.md, run 3): no rule picks it; timing
+// builds can force it.
+enum class Variant { kRegisters, kStagedSingle, kStagedMulti, kRing, kRingDeep };
 
-Variant choose_variant(const RecurrentKernelParams& k, DType dtype_state, StateLayout layout) {
-  if (k.mode != recurrent::Mode::kDecode || layout != StateLayout::kVFirst || k.num_index_cols != 1) {
-    return Variant::kRegisters;
+const char* variant_name(Variant v) {
+  switch (v) {
+    case Variant::kRegisters: return "kernel";
+    case Variant::kStagedSingle: return "staged_kernel (single token)";
+    case Variant::kStagedMulti: return "staged_kernel (token loop)";
+    case Variant::kRing: return "ring_kernel (shallow ring)";
+    case Variant::kRingDeep: return "ring_kernel (deep ring)";
   }
+  return "?";
+}
+
+// What each variant can run (checked before the choice, also for a forced variant).
+bool staged_fits(const RecurrentKernelParams& k, DType dtype_state, StateLayout layout) {
+  if (k.mode != recurrent::Mode::kDecode || layout != StateLayout::kVFirst || k.num_index_cols != 1) return false;
   const int64_t stride_bytes = (k.num_pool_slots > 1 ? k.stride_pool_slot : 0) * state_elem_bytes(dtype_state);
-  if (reinterpret_cast<uintptr_t>(k.pool) % 16 != 0 || stride_bytes % 16 != 0) return Variant::kRegisters;
-  if (k.cu_seqlens == nullptr) return k.seqlen == 1 ? Variant::kStagedSingle : Variant::kRegisters;
-  return k.seqlen <= k.num_seqs ? Variant::kStagedMulti : Variant::kRegisters;
+  return reinterpret_cast<uintptr_t>(k.pool) % 16 == 0 && stride_bytes % 16 == 0;
+}
+bool single_token(const RecurrentKernelParams& k) { return k.cu_seqlens == nullptr && k.seqlen == 1; }
+bool ring_fits(const RecurrentKernelParams& k, DType dtype_state, StateLayout layout, int head_dim) {
+  return staged_fits(k, dtype_state, layout) && single_token(k) && head_dim == 128;
+}
+
+#if defined(KDAKIT_DECODE_VARIANT_SELECT)
+// Timing and test builds (CMake option KDAKIT_DECODE_VARIANT_SELECT): KDAKIT_DECODE_VARIANT
+// forces a variant where it fits; read on every call so that one process can time each.
+Variant forced_variant(Variant chosen, const RecurrentKernelParams& k, DType dtype_state, StateLayout layout,
+                       int head_dim) {
+  const char* v = std::getenv("KDAKIT_DECODE_VARIANT");
+  if (v == nullptr) return chosen;
+  const std::string name(v);
+  if (name == "registers") return Variant::kRegisters;
+  if (name == "staged" && staged_fits(k, dtype_state, layout)) {
+    return single_token(k) ? Variant::kStagedSingle
+           : k.cu_seqlens != nullptr && k.seqlen <= k.num_seqs ? Variant::kStagedMulti
+                                                                 : chosen;
+  }
+  if (name == "ring" && ring_fits(k, dtype_state, layout, head_dim)) return Variant::kRing;
+  if (name == "ring_deep" && ring_fits(k, dtype_state, layout, head_dim)) return Variant::kRingDeep;
+  return chosen;
+}
+#endif
+
+Variant choose_variant(const RecurrentKernelParams& k, DType dtype_state, StateLayout layout, int head_dim) {
+  Variant chosen = Variant::kRegisters;
+  if (staged_fits(k, dtype_state, layout)) {
+    if (single_token(k)) {
+      chosen = Variant::kStagedSingle;
+    } else if (k.cu_seqlens != nullptr && k.seqlen <= k.num_seqs) {
+      chosen = Variant::kStagedMulti;
+    }
+  }
+#if defined(KDAKIT_DECODE_VARIANT_SELECT)
+  chosen = forced_variant(chosen, k, dtype_state, layout, head_dim);
+#endif
+  return chosen;
 }
 
 // The one runtime -> template switch.
 Status launch(const RecurrentKernelParams& k, DType dtype_state, StateLayout layout, int head_dim,
               cudaStream_t stream) {
-  const Variant variant = choose_variant(k, dtype_state, layout);
+  const Variant variant = choose_variant(k, dtype_state, layout, head_dim);
   if (print_configs()) {
     std::fprintf(stderr,
                  "kdakit: kda_decode_sm90_%s state=%s layout=%s K=V=%d mode=%s seqs=%lld heads=%d "
-                 "token_group=%d ctas=%lld\n",
-                 variant == Variant::kRegisters      ? "kernel"
-                 : variant == Variant::kStagedSingle ? "staged_kernel (single token)"
-                                                     : "staged_kernel (token loop)",
+                 "token_group=%d items=%lld\n",
+                 variant_name(variant),
                  to_string(dtype_state), to_string(layout), head_dim,
                  k.mode == recurrent::Mode::kDecode ? "decode" : "prefill", (long long)k.num_seqs, k.num_v_heads,
                  k.token_group, (long long)(k.num_seqs * k.num_v_heads * (head_dim / recurrent::kValuesPerCta)));
@@ -142,6 +193,15 @@ Status launch(const RecurrentKernelParams& k, DType dtype_state, StateLayout lay
     if (head_dim == 128) return recurrent::launch_staged<StateT, 128, kSingle>(k, stream);
     return recurrent::launch_staged<StateT, 64, kSingle>(k, stream);
   };
+  if (variant == Variant::kRing || variant == Variant::kRingDeep) {
+    const bool deep = variant == Variant::kRingDeep;
+    if (dtype_state == DType::kFloat32) {
+      return deep ? recurrent::launch_ring<float, 128, true>(k, stream)
+                  : recurrent::launch_ring<float, 128, false>(k, stream);
+    }
+    return deep ? recurrent::launch_ring<__nv_bfloat16, 128, true>(k, stream)
+                : recurrent::launch_ring<__nv_bfloat16, 128, false>(k, stream);
+  }
   if (variant != Variant::kRegisters) {
     const bool single = variant == Variant::kStagedSingle;
     if (dtype_state == DType::kFloat32) {

@@ -16,4 +16,9 @@ Status launch_recurrent(const RecurrentKernelParams& p, cudaStream_t stream);
 template <class StateT, int kHeadDim, bool kSingleToken>
 Status launch_staged(const RecurrentKernelParams& p, cudaStream_t stream);
 
+// Ring variant: V-first, decode mode, one index column, dense T = 1, K = V = 128 (see config.h).
+// kDeep picks the ring shape (ring_stages, ring_min_ctas_per_sm).
+template <class StateT, int kHeadDim, bool kDeep>
+Status launch_ring(const RecurrentKernelParams& p, cudaStream_t stream);
+
 }  // namespace kdakit::sm90::recurrent
