@@ -21,14 +21,15 @@ a fraction of the 4.27 TB/s copy ceiling measured on H200 (TARGETS.md), FLA's ti
 speedup; then a geometric mean. Each case first checks kdakit's output against FLA's on the
 same inputs (relative L2), so a ratio never hides a wrong answer.
 
-Kernel variants: with ``--variants staged,ring,ring_deep`` (a build configured with the CMake
+Kernel variants: with ``--variants staged,staged64`` (a build configured with the CMake
 option KDAKIT_DECODE_VARIANT_SELECT=ON, which reads KDAKIT_DECODE_VARIANT on every call) each
 decode row is checked and timed once per variant in the same process, beside one FLA timing;
 ``auto`` is the dispatcher's own choice. Speculative and prefill rows have one kernel and run once.
 
 Usage::
 
-    python -m kdakit.bench.decode [--quick] [--repeats 20] [--variants auto] [--chunk-peer] [--json out.json]
+    python -m kdakit.bench.decode [--quick] [--repeats 20] [--variants auto] [--kinds decode,spec,prefill]
+                                  [--chunk-peer] [--json out.json]
 """
 
 from __future__ import annotations
@@ -264,6 +265,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="comma list of KDAKIT_DECODE_VARIANT values timed on decode rows (auto = the dispatcher's "
                          "choice; others need a build with KDAKIT_DECODE_VARIANT_SELECT=ON)")
     ap.add_argument("--chunk-peer", action="store_true", help="also time FLA chunk_kda on one prefill row (autotunes)")
+    ap.add_argument("--kinds", default="decode,spec,prefill", help="comma list of row kinds to run")
     args = ap.parse_args(argv)
     variants = [v for v in args.variants.split(",") if v]
 
@@ -280,7 +282,8 @@ def main(argv: list[str] | None = None) -> int:
     gen = torch.Generator(device="cuda")
     gen.manual_seed(0)
     rows = []
-    for case in cases(args.quick):
+    kinds = set(args.kinds.split(","))
+    for case in [c for c in cases(args.quick) if c.kind in kinds]:
         for row in run_case(torch, kdakit, fla_rec, fla_chunk, case, args.repeats, gen, variants, args.chunk_peer):
             rows.append(row)
             print(f"  {row.name:28s} {row.variant:10s} kdakit {row.kdakit_us:9.2f} us  {row.state_tbps:5.2f} TB/s "

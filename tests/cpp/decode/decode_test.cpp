@@ -272,8 +272,8 @@ std::vector<DecodeCase> decode_cases() {
     add(c);
   }
   // Kernel choice (dispatch.cu): V-first one-column decode goes to the staged kernel (dense
-  // T = 1: single-token variant; packed with T <= N: token-loop variant) when the pool is
-  // 16-byte aligned, to the register kernel otherwise. These cases pin each route.
+  // T = 1: single-token variant, 32- or 64-row slices; packed with T <= N: token-loop variant)
+  // when the pool is 16-byte aligned, to the register kernel otherwise. These cases pin each route.
   {
     DecodeCase c = base_case("staged_packed_token_loop");
     c.seq_lens = {1, 0, 2, 1, 1, 0, 1};  // 6 tokens for 7 sequences, one of them 2 tokens long
@@ -285,8 +285,9 @@ std::vector<DecodeCase> decode_cases() {
     c.dtype_state = DType::kBFloat16;
     add(c);
   }
-  // Many more (sequence, head, slice) items than resident CTAs (4800 items; a persistent grid
-  // walks them several times round), with padding rows mixed in.
+  // Dense T = 1 at K = 128 with more than 1024 32-row slices takes the staged kernel with
+  // 64-row slices (dispatch.cu: 300 x 4 x 4 = 4800), with padding rows mixed in; the cases above
+  // (6 x 4 x 4 = 96) take 32-row slices.
   {
     DecodeCase c = base_case("many_items_fp32");
     c.batch = 300;

@@ -78,63 +78,26 @@ struct SharedMemoryPlan {
 // registers without spills: 6 CTAs per SM (ptxas -v, nvcc 13.0).
 constexpr int staged_min_ctas_per_sm(bool single_token) { return single_token ? 8 : 6; }
 
-template <class StateT, int kHeadDim>
+// kGroups: 32-row groups per CTA (1 or 2; 2 only for single-token decode). A CTA of kGroups
+// groups moves kGroups x 32 x K state elements: a 64-row bf16 slice is 16 KB, as many bytes in
+// flight per CTA as a 32-row fp32 slice.
+// NOTE: the token buffer is addressed with SharedMemoryPlan<K>'s offsets for a group of kGroups
+// tokens (only token 0 is used; v gets kGroups x 32 entries), which start after the K-first
+// reduction area; the kernel passes a base shifted back by that area, which stays inside the
+// CTA's shared memory because the state slice lies before the token buffer.
+// The fp32 running copy of a bf16 slice exists only with a token loop (!kSingleToken).
+template <class StateT, int kHeadDim, bool kSingleToken, int kGroups>
 struct StagedSharedMemoryPlan {
-  static constexpr int kSliceBytes = kValuesPerCta * kHeadDim * int(sizeof(StateT));
-  static constexpr bool kSeparateRunning = sizeof(StateT) != sizeof(float);
-  static constexpr int kRunningBytes = kSeparateRunning ? kValuesPerCta * kHeadDim * int(sizeof(float)) : 0;
+  static constexpr int kSliceBytes = kGroups * kValuesPerCta * kHeadDim * int(sizeof(StateT));
+  static constexpr bool kSeparateRunning = !kSingleToken && sizeof(StateT) != sizeof(float);
+  static constexpr int kRunningBytes =
+      kSeparateRunning ? kGroups * kValuesPerCta * kHeadDim * int(sizeof(float)) : 0;
   static constexpr int kTokenOffsetBytes = kSliceBytes + kRunningBytes;
-  static constexpr int bytes() { return kTokenOffsetBytes + SharedMemoryPlan<kHeadDim>::bytes(1); }
+  static constexpr int kReduceBytes = SharedMemoryPlan<kHeadDim>::kReduceFloats * int(sizeof(float));
+  static constexpr int bytes() { return kTokenOffsetBytes + SharedMemoryPlan<kHeadDim>::bytes(kGroups) - kReduceBytes; }
   static_assert(kSliceBytes % (16 * kThreads) == 0, "the slice copy moves 16-byte chunks, the same count per thread");
-};
-
-// ------------------------------------------------------------------------------------------
-// Ring variant (V-first decode, one index column, one token per sequence, K = V = 128): a
-// persistent grid; each CTA walks the items (sequence, value head, 32-channel slice) with a
-// stride of the grid size through a ring of kStages shared-memory stages. One producer warp
-// reads slot indices, moves each slice with one bulk copy (cp.async.bulk, completion counted
-// on the stage's mbarrier) and preprocesses the item's token into the stage's token buffer;
-// kNumWarps consumer warps run the token math over the staged slice and store the state.
-// Shared memory per CTA: kStages x (slice + token buffer) + 2 kStages mbarriers + kStages slots.
-// ------------------------------------------------------------------------------------------
-
-constexpr int kRingThreads = (kNumWarps + 1) * 32;  // 4 consumer warps + 1 producer warp
-
-// NOTE: two shapes of the ring, both timed on the H200 (docs/design/20261129-decode.md):
-//   shallow: 4 CTAs per SM, 3 fp32 / 5 bf16 stages (48 / 40 KB of slices per CTA): 16
-//            consumer warps per SM, up to 2 (fp32) / 4 (bf16) slices in flight per CTA while
-//            one is computed, i.e. 128 KB per SM of reads in flight in steady state;
-//   deep:    2 CTAs per SM, 6 fp32 / 11 bf16 stages: the same bytes of slices per SM in fewer,
-//            deeper rings (fewer producers, more stages each).
-// 4 x (3 x 17.7 KB) and 2 x (6 x 17.7 KB) fit the 227 KB of shared memory an SM offers.
-constexpr int ring_min_ctas_per_sm(bool deep) { return deep ? 2 : 4; }
-constexpr int ring_stages(bool deep, int state_bytes) {
-  return state_bytes == 4 ? (deep ? 6 : 3) : (deep ? 11 : 5);
-}
-
-template <class StateT, int kHeadDim, bool kDeep>
-struct RingSharedMemoryPlan {
-  static constexpr int kStages = ring_stages(kDeep, int(sizeof(StateT)));
-  static constexpr int kSliceBytes = kValuesPerCta * kHeadDim * int(sizeof(StateT));
-  // Token buffer of one stage: q, k, decay [K], v [32], beta, <k, q> (fp32), 16-byte rounded.
-  static constexpr int kTokenFloats = 3 * kHeadDim + kValuesPerCta + 2;
-  static constexpr int kTokenBytes = (kTokenFloats * 4 + 15) / 16 * 16;
-  static constexpr int stage(int s) { return s * kSliceBytes; }
-  static constexpr int token(int s) { return kStages * kSliceBytes + s * kTokenBytes; }
-  static constexpr int full_barrier(int s) { return token(kStages) + 8 * s; }
-  static constexpr int empty_barrier(int s) { return full_barrier(kStages) + 8 * s; }
-  static constexpr int slot(int s) { return empty_barrier(kStages) + 8 * s; }
-  static constexpr int bytes() { return slot(kStages); }
-  static_assert(kSliceBytes % 16 == 0, "a bulk copy moves a multiple of 16 bytes");
-  // The token buffer is addressed with SharedMemoryPlan<K>'s single-token offsets, which start
-  // after the K-first reduction area: the base passed to the preprocessing lies that many
-  // floats before the stage's token buffer, still inside the CTA's shared memory.
-  static_assert(token(0) >= SharedMemoryPlan<kHeadDim>::kReduceFloats * 4,
-                "the token buffer base must stay inside shared memory");
-  static_assert(SharedMemoryPlan<kHeadDim>::floats(1) - SharedMemoryPlan<kHeadDim>::kReduceFloats == kTokenFloats,
-                "token buffer layout must match SharedMemoryPlan");
-  static_assert(ring_min_ctas_per_sm(kDeep) * (bytes() + 1024) <= 228 * 1024,
-                "the ring's CTAs per SM must fit the SM's shared memory");
+  static_assert(kTokenOffsetBytes >= kReduceBytes, "the shifted token-buffer base must stay inside shared memory");
+  static_assert(kGroups == 1 || kGroups == 2, "one or two 32-row groups per CTA");
 };
 
 // ------------------------------------------------------------------------------------------

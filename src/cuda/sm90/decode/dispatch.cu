@@ -110,25 +110,27 @@ void copy_common(const Params& p, RecurrentKernelParams& k) {
 // Which kernel serves a call:
 //   - the staged variant (kernel.cuh: one CTA per slice, cp.async into shared memory) for
 //     V-first one-column decodes with at most one token per sequence on average (dense T = 1,
-//     packed batches with T <= N) and a 16-byte aligned pool;
+//     packed batches with T <= N) and a 16-byte aligned pool; dense T = 1 at K = 128 with more
+//     than kWideMinCtas 32-row CTAs takes 64-row slices (two row groups per CTA);
 //   - the register kernel otherwise (several tokens per sequence, speculative decoding,
 //     K-first, short prefill, pools not 16-byte aligned).
-// The ring variant (ring.cuh: persistent grid, bulk copies into a ring of shared-memory
-// stages) fits dense T = 1, K = 128 decodes too but measured slower than the staged kernel on
-// 19 of 20 decode rows (H200, docs/design/20261129-decode.md, run 3): no rule picks it; timing
-// builds can force it.
-enum class Variant { kRegisters, kStagedSingle, kStagedMulti, kRing, kRingDeep };
+enum class Variant { kRegisters, kStagedSingle, kStagedSingleWide, kStagedMulti };
 
 const char* variant_name(Variant v) {
   switch (v) {
     case Variant::kRegisters: return "kernel";
     case Variant::kStagedSingle: return "staged_kernel (single token)";
+    case Variant::kStagedSingleWide: return "staged_kernel (single token, 64 rows per CTA)";
     case Variant::kStagedMulti: return "staged_kernel (token loop)";
-    case Variant::kRing: return "ring_kernel (shallow ring)";
-    case Variant::kRingDeep: return "ring_kernel (deep ring)";
   }
   return "?";
 }
+
+// NOTE: 64-row slices win once the 32-row grid is more than about one wave (8 CTAs x 132 SMs):
+// H200, docs/design/20261129-decode.md run 4: 32-row CTAs = 128 and 384 (B = 1): 32 rows
+// faster by 6-15 %; 1024 (H = 32, B = 8): equal within 1 %; 3072 and more: 64 rows faster by
+// 3-13 %. The switch point between 1024 and 3072 was not measured more finely.
+constexpr int64_t kWideMinCtas = 1024;
 
 // What each variant can run (checked before the choice, also for a forced variant).
 bool staged_fits(const RecurrentKernelParams& k, DType dtype_state, StateLayout layout) {
@@ -137,7 +139,7 @@ bool staged_fits(const RecurrentKernelParams& k, DType dtype_state, StateLayout 
   return reinterpret_cast<uintptr_t>(k.pool) % 16 == 0 && stride_bytes % 16 == 0;
 }
 bool single_token(const RecurrentKernelParams& k) { return k.cu_seqlens == nullptr && k.seqlen == 1; }
-bool ring_fits(const RecurrentKernelParams& k, DType dtype_state, StateLayout layout, int head_dim) {
+bool wide_fits(const RecurrentKernelParams& k, DType dtype_state, StateLayout layout, int head_dim) {
   return staged_fits(k, dtype_state, layout) && single_token(k) && head_dim == 128;
 }
 
@@ -155,8 +157,7 @@ Variant forced_variant(Variant chosen, const RecurrentKernelParams& k, DType dty
            : k.cu_seqlens != nullptr && k.seqlen <= k.num_seqs ? Variant::kStagedMulti
                                                                  : chosen;
   }
-  if (name == "ring" && ring_fits(k, dtype_state, layout, head_dim)) return Variant::kRing;
-  if (name == "ring_deep" && ring_fits(k, dtype_state, layout, head_dim)) return Variant::kRingDeep;
+  if (name == "staged64" && wide_fits(k, dtype_state, layout, head_dim)) return Variant::kStagedSingleWide;
   return chosen;
 }
 #endif
@@ -165,7 +166,9 @@ Variant choose_variant(const RecurrentKernelParams& k, DType dtype_state, StateL
   Variant chosen = Variant::kRegisters;
   if (staged_fits(k, dtype_state, layout)) {
     if (single_token(k)) {
-      chosen = Variant::kStagedSingle;
+      const int64_t ctas = k.num_seqs * k.num_v_heads * (head_dim / recurrent::kValuesPerCta);
+      chosen = wide_fits(k, dtype_state, layout, head_dim) && ctas > kWideMinCtas ? Variant::kStagedSingleWide
+                                                                                  : Variant::kStagedSingle;
     } else if (k.cu_seqlens != nullptr && k.seqlen <= k.num_seqs) {
       chosen = Variant::kStagedMulti;
     }
@@ -190,17 +193,12 @@ Status launch(const RecurrentKernelParams& k, DType dtype_state, StateLayout lay
                  k.token_group, (long long)(k.num_seqs * k.num_v_heads * (head_dim / recurrent::kValuesPerCta)));
   }
   auto staged = [&]<class StateT, bool kSingle>() -> Status {
-    if (head_dim == 128) return recurrent::launch_staged<StateT, 128, kSingle>(k, stream);
-    return recurrent::launch_staged<StateT, 64, kSingle>(k, stream);
+    if (head_dim == 128) return recurrent::launch_staged<StateT, 128, kSingle, 1>(k, stream);
+    return recurrent::launch_staged<StateT, 64, kSingle, 1>(k, stream);
   };
-  if (variant == Variant::kRing || variant == Variant::kRingDeep) {
-    const bool deep = variant == Variant::kRingDeep;
-    if (dtype_state == DType::kFloat32) {
-      return deep ? recurrent::launch_ring<float, 128, true>(k, stream)
-                  : recurrent::launch_ring<float, 128, false>(k, stream);
-    }
-    return deep ? recurrent::launch_ring<__nv_bfloat16, 128, true>(k, stream)
-                : recurrent::launch_ring<__nv_bfloat16, 128, false>(k, stream);
+  if (variant == Variant::kStagedSingleWide) {
+    if (dtype_state == DType::kFloat32) return recurrent::launch_staged<float, 128, true, 2>(k, stream);
+    return recurrent::launch_staged<__nv_bfloat16, 128, true, 2>(k, stream);
   }
   if (variant != Variant::kRegisters) {
     const bool single = variant == Variant::kStagedSingle;

@@ -633,15 +633,18 @@ Status launch_recurrent(const RecurrentKernelParams& p, cudaStream_t stream) {
 //   1. warp 0 issues the raw loads of token 0 (q, k, g, beta, v, A_log, dt_bias) first, so
 //      that they overlap the slot-index -> state chain;
 //   2. the start slot is read; padding rows write zeros and return;
-//   3. the 32 x K slice is copied into shared memory with cp.async (16-byte chunks, coalesced,
-//      `kSliceBytes / (16 * 128)` per thread): no register is tied to an outstanding load, so
-//      8 CTAs fit on an SM (64 registers) instead of 5;
+//   3. the slice (kGroups x 32 rows x K) is copied into shared memory with cp.async (16-byte
+//      chunks, coalesced, `kSliceBytes / (16 * 128)` per thread): no register is tied to an
+//      outstanding load, so 8 CTAs fit on an SM (64 registers) instead of 5;
 //   4. warp 0 finishes token 0's preprocessing into the token buffer; wait for the copy; barrier;
 //   5. per token, each warp streams over its 8 rows twice: pass 1 decays a row and forms the
 //      partial <s, k>, <s, q> (reduce-scatter as in step_vfirst), pass 2 decays again (same
 //      operations, same bits), adds delta k and either stores the row to the pool (last token)
 //      or keeps it in the fp32 running state in shared memory (sequences of several tokens,
 //      possible with cu_seqlens; warp 0 preprocesses each next token, one barrier around it).
+//      With kGroups = 2 (single-token decode only) a CTA owns 64 value rows and each warp runs
+//      rows 8w .. 8w + 7 of both 32-row groups, one group after the other: twice the bytes in
+//      flight per CTA (a bf16 64-row slice moves 16 KB like an fp32 32-row one), half the CTAs.
 
 __device__ __forceinline__ void cp_async_16(void* smem_dst, const void* gmem_src) {
   const uint32_t dst = static_cast<uint32_t>(__cvta_generic_to_shared(smem_dst));
@@ -660,27 +663,32 @@ __device__ __forceinline__ void load_smem_row(const T* p, float (&out)[kE]) {
   }
 }
 
-template <class StateT, int kHeadDim, bool kSingleToken>
+template <class StateT, int kHeadDim, bool kSingleToken, int kGroups>
 __global__ void __launch_bounds__(kThreads, staged_min_ctas_per_sm(kSingleToken))
     kda_decode_sm90_staged_kernel(const __grid_constant__ RecurrentKernelParams p) {
   using Plan = SharedMemoryPlan<kHeadDim>;
-  using Staged = StagedSharedMemoryPlan<StateT, kHeadDim>;
+  using Staged = StagedSharedMemoryPlan<StateT, kHeadDim, kSingleToken, kGroups>;
   constexpr int kE = kHeadDim / 32;
-  constexpr int kSlices = kHeadDim / kValuesPerCta;
+  constexpr int kRowsPerCta = kGroups * kValuesPerCta;
+  constexpr int kSlices = kHeadDim / kRowsPerCta;
   constexpr int64_t kBlockElems = int64_t(kHeadDim) * kHeadDim;
   constexpr int kChunksPerThread = Staged::kSliceBytes / (16 * kThreads);
   static_assert(kRowsPerWarp == 8, "the reduce-scatter is written for 8 rows per warp");
+  static_assert(kGroups == 1 || kSingleToken, "two row groups per CTA only for single-token decode");
+  static_assert(kHeadDim % kRowsPerCta == 0, "the slices must tile the value rows");
   extern __shared__ float4 smem_raw[];
   char* smem_bytes = reinterpret_cast<char*>(smem_raw);
   StateT* slice = reinterpret_cast<StateT*>(smem_bytes);
   float* running = Staged::kSeparateRunning ? reinterpret_cast<float*>(smem_bytes + Staged::kSliceBytes)
                                             : reinterpret_cast<float*>(smem_bytes);
-  float* tok = reinterpret_cast<float*>(smem_bytes + Staged::kTokenOffsetBytes);
+  // NOTE: shifted base, see StagedSharedMemoryPlan: tok + Plan::q(kGroups) is the first byte
+  // of the token buffer.
+  float* tok = reinterpret_cast<float*>(smem_bytes + Staged::kTokenOffsetBytes) - Plan::kReduceFloats;
 
   const int warp = threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   const int cta = int(blockIdx.x);
-  const int j0 = (cta % kSlices) * kValuesPerCta;
+  const int j0 = (cta % kSlices) * kRowsPerCta;
   const int h = (cta / kSlices) % p.num_v_heads;
   const int64_t n = cta / (kSlices * p.num_v_heads);
   const int64_t head_offset = int64_t(h) * kBlockElems;
@@ -689,14 +697,22 @@ __global__ void __launch_bounds__(kThreads, staged_min_ctas_per_sm(kSingleToken)
   const TokenRange range = token_range(p, n);
   const int64_t len = range.end - range.begin;
   RawToken<kHeadDim> raw;
-  if (warp == 0 && len > 0) raw = load_token<kHeadDim, true>(p, range.row, range.begin, h, j0, lane);
+  float v_hi = 0.f;  // v of the second row group (kGroups == 2): value row j0 + 32 + lane
+  if (warp == 0 && len > 0) {
+    raw = load_token<kHeadDim, true>(p, range.row, range.begin, h, j0, lane);
+    if constexpr (kGroups == 2) {
+      v_hi = load_as_float(p.v, p.dtype_qkv,
+                           range.row * p.stride_v_b + range.begin * p.stride_v_t + int64_t(h) * p.stride_v_h + j0 +
+                               kValuesPerCta + lane);
+    }
+  }
 
   // --- 2. start slot (one index column: the state goes back where it came from)
   const int64_t start = p.state_indices[n * p.stride_state_indices_n];
   if (!slot_valid(start, p.num_pool_slots, p.null_slot_is_padding)) {
-    for (int64_t x = threadIdx.x; x < len * kValuesPerCta; x += kThreads) {
-      const int64_t t = range.begin + x / kValuesPerCta;
-      const int j = j0 + int(x % kValuesPerCta);
+    for (int64_t x = threadIdx.x; x < len * kRowsPerCta; x += kThreads) {
+      const int64_t t = range.begin + x / kRowsPerCta;
+      const int j = j0 + int(x % kRowsPerCta);
       store_from_float(p.o, p.dtype_qkv, range.row * p.stride_o_b + t * p.stride_o_t + int64_t(h) * p.stride_o_h + j,
                        0.f);
     }
@@ -717,108 +733,115 @@ __global__ void __launch_bounds__(kThreads, staged_min_ctas_per_sm(kSingleToken)
   }
 
   // --- 4./5. tokens
-  const int row0 = warp * kRowsPerWarp;  // first of this warp's rows inside the slice
   // NOTE: kSingleToken (the launcher guarantees len <= 1: dense batches with T = 1) drops the
   // token loop; its loop-carried values cost the 16 registers that keep the kernel at 64.
   const int64_t steps = kSingleToken ? 1 : len;
+  const int my_row = (lane >> 1) & (kRowsPerWarp - 1);
 #pragma unroll 1
   for (int64_t t = 0; t < steps; ++t) {
     if (warp == 0) {
       if (t > 0) raw = load_token<kHeadDim, true>(p, range.row, range.begin + t, h, j0, lane);
-      finish_token<kHeadDim, true>(p, raw, h, tok, 1, 0, lane);
+      finish_token<kHeadDim, true>(p, raw, h, tok, kGroups, 0, lane);
+      if constexpr (kGroups == 2) tok[Plan::v(kGroups) + kValuesPerCta + lane] = v_hi;
     }
     if (t == 0) cp_async_wait_all();
     __syncthreads();
 
     float q[kE], k[kE], d[kE];
-    load_smem<kE>(tok + Plan::q(1) + lane * kE, q);
-    load_smem<kE>(tok + Plan::k(1) + lane * kE, k);
-    load_smem<kE>(tok + Plan::decay(1) + lane * kE, d);
-    const float beta = tok[Plan::beta(1)];
-    const float kq = tok[Plan::kq(1)];
+    load_smem<kE>(tok + Plan::q(kGroups) + lane * kE, q);
+    load_smem<kE>(tok + Plan::k(kGroups) + lane * kE, k);
+    load_smem<kE>(tok + Plan::decay(kGroups) + lane * kE, d);
+    const float beta = tok[Plan::beta(kGroups)];
+    const float kq = tok[Plan::kq(kGroups)];
     const bool from_slice = kSingleToken || t == 0;
     const bool last = kSingleToken || t + 1 == len;
 
-    // Pass 1: decayed rows -> partial dot products.
-    float part[2 * kRowsPerWarp];
+#pragma unroll 1
+    for (int g = 0; g < kGroups; ++g) {
+      const int row0 = g * kValuesPerCta + warp * kRowsPerWarp;  // first of this warp's rows in the slice
+      // Pass 1: decayed rows -> partial dot products.
+      float part[2 * kRowsPerWarp];
 #pragma unroll
-    for (int r = 0; r < kRowsPerWarp; ++r) {
-      float s[kE];
-      const int offset = (row0 + r) * kHeadDim + lane * kE;
-      if (from_slice) {
-        load_smem_row<kE>(slice + offset, s);
-      } else {
-        load_smem<kE>(running + offset, s);
-      }
-      part[r] = 0.f;
-      part[kRowsPerWarp + r] = 0.f;
+      for (int r = 0; r < kRowsPerWarp; ++r) {
+        float s[kE];
+        const int offset = (row0 + r) * kHeadDim + lane * kE;
+        if (from_slice) {
+          load_smem_row<kE>(slice + offset, s);
+        } else {
+          load_smem<kE>(running + offset, s);
+        }
+        part[r] = 0.f;
+        part[kRowsPerWarp + r] = 0.f;
 #pragma unroll
-      for (int e = 0; e < kE; ++e) {
-        s[e] *= d[e];
-        part[r] = fmaf(s[e], k[e], part[r]);
-        part[kRowsPerWarp + r] = fmaf(s[e], q[e], part[kRowsPerWarp + r]);
+        for (int e = 0; e < kE; ++e) {
+          s[e] *= d[e];
+          part[r] = fmaf(s[e], k[e], part[r]);
+          part[kRowsPerWarp + r] = fmaf(s[e], q[e], part[kRowsPerWarp + r]);
+        }
       }
-    }
-    reduce_scatter_stage<8>(part, lane);
-    reduce_scatter_stage<4>(part, lane);
-    reduce_scatter_stage<2>(part, lane);
-    reduce_scatter_stage<1>(part, lane);
-    const float total = part[0] + __shfl_xor_sync(0xffffffffu, part[0], 1);
-    const int my_row = (lane >> 1) & (kRowsPerWarp - 1);
-    const float my_delta = beta * (tok[Plan::v(1) + row0 + my_row] - total);
+      reduce_scatter_stage<8>(part, lane);
+      reduce_scatter_stage<4>(part, lane);
+      reduce_scatter_stage<2>(part, lane);
+      reduce_scatter_stage<1>(part, lane);
+      const float total = part[0] + __shfl_xor_sync(0xffffffffu, part[0], 1);
+      const float my_delta = beta * (tok[Plan::v(kGroups) + row0 + my_row] - total);
 
-    // Pass 2: decay again (identical operations), rank-1 update, store.
+      // Pass 2: decay again (identical operations), rank-1 update, store.
 #pragma unroll
-    for (int r = 0; r < kRowsPerWarp; ++r) {
-      const float delta = __shfl_sync(0xffffffffu, my_delta, 2 * r);
-      float s[kE];
-      const int offset = (row0 + r) * kHeadDim + lane * kE;
-      if (from_slice) {
-        load_smem_row<kE>(slice + offset, s);
-      } else {
-        load_smem<kE>(running + offset, s);
+      for (int r = 0; r < kRowsPerWarp; ++r) {
+        const float delta = __shfl_sync(0xffffffffu, my_delta, 2 * r);
+        float s[kE];
+        const int offset = (row0 + r) * kHeadDim + lane * kE;
+        if (from_slice) {
+          load_smem_row<kE>(slice + offset, s);
+        } else {
+          load_smem<kE>(running + offset, s);
+        }
+#pragma unroll
+        for (int e = 0; e < kE; ++e) s[e] = fmaf(delta, k[e], s[e] * d[e]);
+        if (last) {
+          kdakit::cuda::store_vec_stream<kE>(block + offset, s);
+        } else {
+#pragma unroll
+          for (int e = 0; e < kE; ++e) running[offset + e] = s[e];
+        }
       }
-#pragma unroll
-      for (int e = 0; e < kE; ++e) s[e] = fmaf(delta, k[e], s[e] * d[e]);
-      if (last) {
-        kdakit::cuda::store_vec_stream<kE>(block + offset, s);
-      } else {
-#pragma unroll
-        for (int e = 0; e < kE; ++e) running[offset + e] = s[e];
+      const float partner_delta = __shfl_xor_sync(0xffffffffu, my_delta, 16);
+      if (lane >= 16 && (lane & 1) == 0) {
+        const int64_t o_off = range.row * p.stride_o_b + (range.begin + t) * p.stride_o_t + int64_t(h) * p.stride_o_h +
+                              j0 + row0 + my_row;
+        store_from_float(p.o, p.dtype_qkv, o_off, fmaf(partner_delta, kq, total));
       }
-    }
-    const float partner_delta = __shfl_xor_sync(0xffffffffu, my_delta, 16);
-    if (lane >= 16 && (lane & 1) == 0) {
-      const int64_t o_off = range.row * p.stride_o_b + (range.begin + t) * p.stride_o_t + int64_t(h) * p.stride_o_h +
-                            j0 + row0 + my_row;
-      store_from_float(p.o, p.dtype_qkv, o_off, fmaf(partner_delta, kq, total));
     }
     if (!last) __syncthreads();  // the token buffer is rewritten for the next token
   }
 }
 
-template <class StateT, int kHeadDim, bool kSingleToken>
+template <class StateT, int kHeadDim, bool kSingleToken, int kGroups>
 Status launch_staged(const RecurrentKernelParams& p, cudaStream_t stream) {
-  const int64_t ctas = p.num_seqs * p.num_v_heads * (kHeadDim / kValuesPerCta);
+  constexpr int kSlices = kHeadDim / (kGroups * kValuesPerCta);
+  const int64_t ctas = p.num_seqs * p.num_v_heads * kSlices;
   if (ctas <= 0) return Status::Ok();
   if (ctas > int64_t{0x7fffffff}) {
     return Status(StatusCode::kUnsupported,
-                  "decode: num_seqs * num_v_heads * " + std::to_string(kHeadDim / kValuesPerCta) +
+                  "decode: num_seqs * num_v_heads * " + std::to_string(kSlices) +
                       " CTAs exceed the grid limit 2^31 - 1 (got " + std::to_string(ctas) + ")");
   }
-  const int smem_bytes = StagedSharedMemoryPlan<StateT, kHeadDim>::bytes();
-  // NOTE: ask for the largest shared-memory carveout once, so that the 8 CTAs per SM the
-  // registers allow (8 x 20-28 KB) are not cut by a smaller default L1/shared split.
-  static const cudaError_t carveout = cudaFuncSetAttribute(
-      kda_decode_sm90_staged_kernel<StateT, kHeadDim, kSingleToken>, cudaFuncAttributePreferredSharedMemoryCarveout,
-      int(cudaSharedmemCarveoutMaxShared));
+  auto kernel = kda_decode_sm90_staged_kernel<StateT, kHeadDim, kSingleToken, kGroups>;
+  const int smem_bytes = StagedSharedMemoryPlan<StateT, kHeadDim, kSingleToken, kGroups>::bytes();
+  // NOTE: ask once for the largest shared-memory carveout, so that the CTAs per SM the
+  // registers allow (8 x 9-37 KB, fewer for the 37 KB fp32 64-row slices) are not cut by a
+  // smaller default L1/shared split; slices over 48 KB would need the opt-in attribute too.
+  static_assert(StagedSharedMemoryPlan<StateT, kHeadDim, kSingleToken, kGroups>::bytes() <= 48 * 1024,
+                "the staged kernel launches without the dynamic shared-memory opt-in");
+  static const cudaError_t carveout =
+      cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, int(cudaSharedmemCarveoutMaxShared));
   if (carveout != cudaSuccess) {
     return Status(StatusCode::kCudaError, std::string(__FILE__) + ":" + std::to_string(__LINE__) +
                                               ": setting the shared-memory carveout failed: " +
                                               cudaGetErrorString(carveout));
   }
-  kda_decode_sm90_staged_kernel<StateT, kHeadDim, kSingleToken>
-      <<<dim3(unsigned(ctas)), kThreads, smem_bytes, stream>>>(p);
+  kernel<<<dim3(unsigned(ctas)), kThreads, smem_bytes, stream>>>(p);
   const cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess) {
     return Status(StatusCode::kCudaError, std::string(__FILE__) + ":" + std::to_string(__LINE__) +

@@ -12,13 +12,9 @@ template <class StateT, StateLayout kLayout, int kHeadDim>
 Status launch_recurrent(const RecurrentKernelParams& p, cudaStream_t stream);
 
 // Staged variant: V-first layout, decode mode with one index column only. kSingleToken: every
-// sequence has at most one token (a dense batch with T = 1).
-template <class StateT, int kHeadDim, bool kSingleToken>
+// sequence has at most one token (a dense batch with T = 1). kGroups: 32-row groups per CTA
+// (2 only with kSingleToken).
+template <class StateT, int kHeadDim, bool kSingleToken, int kGroups>
 Status launch_staged(const RecurrentKernelParams& p, cudaStream_t stream);
-
-// Ring variant: V-first, decode mode, one index column, dense T = 1, K = V = 128 (see config.h).
-// kDeep picks the ring shape (ring_stages, ring_min_ctas_per_sm).
-template <class StateT, int kHeadDim, bool kDeep>
-Status launch_ring(const RecurrentKernelParams& p, cudaStream_t stream);
 
 }  // namespace kdakit::sm90::recurrent

@@ -1,0 +1,7 @@
+// Explicit instantiation: staged V-first decode kernel, state fp32, K = V = 128, single token per sequence,
+// two 32-row groups (64 value rows) per CTA.
+#include "cuda/sm90/decode/kernel.cuh"
+
+namespace kdakit::sm90::recurrent {
+template Status launch_staged<float, 128, true, 2>(const RecurrentKernelParams&, cudaStream_t);
+}  // namespace kdakit::sm90::recurrent
