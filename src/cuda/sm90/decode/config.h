@@ -69,13 +69,14 @@ struct SharedMemoryPlan {
 // Staged variant (V-first decode, one index column): the CTA's state slice is copied into
 // shared memory with cp.async (no registers held while the loads are in flight) and the token
 // math streams over it in two passes. Shared memory per CTA:
-//   slice[32][K] in the state dtype (the cp.async target; fp32 pools also keep the running
-//   state there between tokens), for bf16 pools a fp32 running copy [32][K] (sequences of more
-//   than one token), then the token buffer of SharedMemoryPlan<K> for one token.
+//   slice[kGroups * 32][K] in the state dtype (the cp.async target; fp32 pools also keep the
+//   running state there between tokens), with a token loop and a bf16 pool a fp32 running copy
+//   [32][K], then the token buffer (SharedMemoryPlan<K> offsets for kGroups tokens, token 0 used).
 // NOTE: 8 CTAs per SM (64 registers per thread) for one token per sequence: 128 KB of fp32
 // state loads in flight per SM, and the per-CTA latency chain (slot index -> state -> math ->
-// store) overlaps across 8 CTAs. With a token loop (packed batches) the kernel needs 80
-// registers without spills: 6 CTAs per SM (ptxas -v, nvcc 13.0).
+// store) overlaps across 8 CTAs; 64-row fp32 slices (35.3 KB) fit 6 per SM, 192 KB. With a
+// token loop (packed batches) the kernel needs 80 registers without spills: 6 CTAs per SM
+// (ptxas -v, nvcc 13.0).
 constexpr int staged_min_ctas_per_sm(bool single_token) { return single_token ? 8 : 6; }
 
 // kGroups: 32-row groups per CTA (1 or 2; 2 only for single-token decode). A CTA of kGroups
