@@ -3,7 +3,8 @@
 // of every chunk block as a relative L2 error over all blocks, with the zero padding of partial
 // chunks checked bit for bit and the blocks past the chunk total left untouched.
 //
-// Each case draws fresh random inputs (seed printed on failure; KDAKIT_TEST_SEED replays).
+// Each case draws fresh random inputs (seed printed on failure; KDAKIT_TEST_SEED replays) and runs
+// on every prep kernel variant (config.h), or on the one KDAKIT_PREP_VARIANT names.
 // Without a CUDA device the tests skip.
 #include <cuda_runtime.h>
 
@@ -11,6 +12,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -22,6 +24,7 @@
 #include "cpu/dtype.h"
 #include "cpu/layout.h"
 #include "cpu/preprocess.h"
+#include "cuda/sm90/prefill/prep/config.h"
 #include "cuda/sm90/prefill/prep/launch.h"
 #include "cuda/sm90/prefill/workspace.h"
 
@@ -244,8 +247,9 @@ struct PrepErrors {
   ArrayError qt{"Qt", 6e-3}, w{"W", 1e-2}, kh{"Kh", 6e-3}, m{"M", 1e-2}, u0{"U0", 6e-3}, decay{"decay", 1e-5};
 };
 
-// Runs case `c` on tensors `t` and compares the whole workspace with the reference.
-void check_tensors(const PrefillCase& c, PrefillTensors& t, bool check_twice = false) {
+// Runs case `c` on tensors `t` with the current prep variant and compares the whole workspace
+// with the reference.
+void check_tensors_once(const PrefillCase& c, PrefillTensors& t, bool check_twice) {
   SCOPED_TRACE(c.name);
   DeviceCase dev;
   PrefillPointers dptr = map_pointers(t, [&](HostTensor& x) { return dev.upload(x); });
@@ -320,7 +324,7 @@ void check_tensors(const PrefillCase& c, PrefillTensors& t, bool check_twice = f
     ASSERT_EQ(ws[b], kPoison) << "byte " << b - written_end << " past the chunk total was written";
   }
   for (const ArrayError* a : {&err.qt, &err.w, &err.kh, &err.m, &err.u0, &err.decay}) {
-    std::printf("    [%s] %s\n", c.name.c_str(), a->str().c_str());
+    std::printf("    [%s v%d] %s\n", c.name.c_str(), pf::prep::prep_variant(), a->str().c_str());
     EXPECT_EQ(a->nonfinite, 0) << a->name << ": non-finite outputs";
     EXPECT_EQ(a->padding_bad, 0) << a->name << ": padding entries that are not +0";
     EXPECT_LE(a->rel(), a->bar) << a->str();
@@ -332,6 +336,21 @@ void check_tensors(const PrefillCase& c, PrefillTensors& t, bool check_twice = f
     ASSERT_EQ(again.workspace.size(), run.workspace.size());
     EXPECT_EQ(std::memcmp(again.workspace.data(), run.workspace.data(), run.workspace.size()), 0)
         << "two runs differ";
+  }
+}
+
+// Every prep variant (config.h), or only the one KDAKIT_PREP_VARIANT names when it is set.
+void check_tensors(const PrefillCase& c, PrefillTensors& t, bool check_twice = false) {
+  if (std::getenv("KDAKIT_PREP_VARIANT") != nullptr) {
+    check_tensors_once(c, t, check_twice);
+    return;
+  }
+  for (int v = 0; v < pf::prep::kPrepVariants; ++v) {
+    SCOPED_TRACE("prep variant " + std::to_string(v));
+    pf::prep::set_prep_variant(v);
+    check_tensors_once(c, t, check_twice);
+    pf::prep::set_prep_variant(-1);
+    if (::testing::Test::HasFatalFailure()) return;
   }
 }
 
