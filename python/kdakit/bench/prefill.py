@@ -12,7 +12,8 @@ that a ratio is never reported for a wrong answer unnoticed.
 Usage::
 
     python -m kdakit.bench.prefill [--cases H96-fixed,H32] [--peers fla,flash_kda]
-        [--peer-cases H96-fixed,H32-1024x8] [--repeats 20] [--json out.json] [--png out.png]
+        [--peer-cases H96-fixed,H32-1024x8] [--fla-cases H96-fixed] [--repeats 20]
+        [--json out.json] [--png out.png]
 
 ``--cases`` and ``--peer-cases`` keep cases whose name contains one of the comma-separated
 substrings; peers run only on ``--peer-cases`` (default: every selected case). FLA autotunes each
@@ -69,7 +70,8 @@ def _fla_runner(fla, case, x) -> tuple[Callable[[], Any], Any] | None:
                   use_beta_sigmoid_in_kernel=True, A_log=x["A_log"], dt_bias=x["dt_bias"],
                   state_v_first=True, cu_seqlens=x["cu_seqlens"])
     if case.gate == "lower_bound":
-        kwargs["lower_bound"] = LOWER_BOUND
+        # NOTE: safe_gate selects FLA's faster kernel for a bounded gate; same math.
+        kwargs.update(lower_bound=LOWER_BOUND, safe_gate=True)
 
     def run():
         holder["o"] = fn(x["q"], x["k"], x["v"], x["g"], x["beta"], **kwargs)[0]
@@ -116,6 +118,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cases", default="", help="comma-separated name substrings (default: all)")
     ap.add_argument("--peers", default="fla,flash_kda", help="peers to time: fla, flash_kda, none")
     ap.add_argument("--peer-cases", default="", help="cases on which the peers run (default: all)")
+    ap.add_argument("--fla-cases", default="",
+                    help="cases on which FLA runs, overriding --peer-cases for FLA (it autotunes)")
     ap.add_argument("--repeats", type=int, default=20)
     ap.add_argument("--cooldown", type=float, default=0.3, help="seconds between cases")
     ap.add_argument("--json", default="", help="write the rows here")
@@ -140,6 +144,7 @@ def main(argv: list[str] | None = None) -> int:
 
     cases = _select(testing.prefill_bench_cases(), args.cases)
     peer_cases = {c.name for c in _select(cases, args.peer_cases)}
+    fla_cases = {c.name for c in _select(cases, args.fla_cases)} if args.fla_cases else peer_cases
     rows = []
     for case in cases:
         x = testing.prefill_inputs(case, lib="torch", device="cuda", seed=0)
@@ -155,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{case.name:<22} {case.label():<40} kdakit {ms if ms is None else round(ms, 4)} ms"
               + ("" if how == "graph" else f" ({how})"), flush=True)
         for name in live:
-            if case.name not in peer_cases:
+            if case.name not in (fla_cases if name == "FLA" else peer_cases):
                 row.peers_ms[name] = None
                 continue
             maker = _fla_runner if name == "FLA" else _flash_kda_runner

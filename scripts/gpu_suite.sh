@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# On the GPU machine, over a build staged by scripts/gpu_stage.sh: every C++ and Python test,
+# compute-sanitizer memcheck on small cases, then the benchmarks. Peers are used when present:
+# FLA from a source tarball in .carry/peers (put on PYTHONPATH), FlashKDA if importable. Logs and
+# results go to $OUT; a short table is printed last.
+# Usage: scripts/gpu_suite.sh [--no-tests] [--no-bench] [extra args for the prefill bench]
+set -uo pipefail
+cd "$(dirname "$0")/.."
+out="${OUT:-/tmp/kdakit-gpu}"
+mkdir -p "$out/logs"
+run_tests=1 run_bench=1
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --no-tests) run_tests=0 ;;
+    --no-bench) run_bench=0 ;;
+    *) break ;;
+  esac
+  shift
+done
+stage=.carry/gpu
+if [ -f .carry/gpu.tar.xz ] && [ ! -d "$stage" ]; then
+  tar -xJf .carry/gpu.tar.xz -C .carry
+fi
+export PYTHONPATH="$PWD/$stage/python:/tmp/peers:/tmp/site:${PYTHONPATH:-}"
+export PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1 FLA_FLASH_KDA=0
+for f in .carry/peers/fla-*.tar.xz; do
+  [ -f "$f" ] && mkdir -p /tmp/peers && tar -xJf "$f" -C /tmp/peers
+done
+summary="$out/logs/summary.txt"
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader | tee -a "$summary"
+
+if [ "$run_tests" = 1 ]; then
+  for t in "$stage"/bin/*; do
+    name=$(basename "$t")
+    timeout 300 "$t" --gtest_brief=1 >"$out/logs/$name.log" 2>&1
+    echo "gtest $name rc=$? $(grep -E '^\[  (PASSED|FAILED|SKIPPED) ' "$out/logs/$name.log" | tr -s ' ' | tr '\n' ' ')" | tee -a "$summary"
+    grep -E '^\[  FAILED  \].*\(' "$out/logs/$name.log" | head -5
+  done
+  timeout 300 python3 -m pytest -q -p no:cacheprovider tests/python >"$out/logs/pytest.log" 2>&1
+  echo "pytest rc=$? $(tail -1 "$out/logs/pytest.log")" | tee -a "$summary"
+  grep -E '^FAILED' "$out/logs/pytest.log" | head -5
+  timeout 120 compute-sanitizer --tool memcheck --leak-check no "$stage/bin/prefill_gpu_test" \
+    --gtest_filter='*many_short*:*tail_past_cu*:*pool_in_place*' >"$out/logs/memcheck_prefill.log" 2>&1
+  echo "memcheck prefill rc=$? $(grep -E 'ERROR SUMMARY' "$out/logs/memcheck_prefill.log")" | tee -a "$summary"
+  timeout 120 compute-sanitizer --tool memcheck --leak-check no "$stage/bin/kdakit_decode_tests" \
+    --gtest_filter='*padding*:*spec*' >"$out/logs/memcheck_decode.log" 2>&1
+  echo "memcheck decode rc=$? $(grep -E 'ERROR SUMMARY' "$out/logs/memcheck_decode.log")" | tee -a "$summary"
+fi
+
+if [ "$run_bench" = 1 ]; then
+  if [ -f .carry/triton-cache.tar.gz ] && [ ! -d "$HOME/.triton/cache" ]; then
+    mkdir -p "$HOME/.triton" && tar -xzf .carry/triton-cache.tar.gz -C "$HOME/.triton"
+  fi
+  python3 -m kdakit.bench.prefill --json "$out/prefill.json" --png "$out/prefill.png" "$@" \
+    >"$out/logs/bench_prefill.log" 2>&1
+  echo "bench prefill rc=$?" | tee -a "$summary"
+  python3 -m kdakit.bench.decode --json "$out/decode.json" >"$out/logs/bench_decode.log" 2>&1
+  echo "bench decode rc=$?" | tee -a "$summary"
+fi
+tar -C "$out" -czf "$out/logs.tar.gz" logs
+# Triton's autotuning cache (FLA), to carry into a later run.
+[ -d "$HOME/.triton/cache" ] && tar -C "$HOME/.triton" -czf "$out/triton-cache.tar.gz" cache
+echo "=== prefill"; tail -30 "$out/logs/bench_prefill.log" 2>/dev/null
+echo "=== decode"; tail -30 "$out/logs/bench_decode.log" 2>/dev/null
+echo "=== summary"; cat "$summary"
