@@ -13,8 +13,7 @@ namespace kdakit::bindings {
 // Gate mode, state layout and the preprocessing scalars, from the Python
 // options.
 template <typename Params>
-void set_options(Params &p, const std::string &gate,
-                 const std::string &state_layout, double scale,
+void set_options(Params &p, const std::string &gate, const std::string &state_layout, double scale,
                  double lower_bound, bool use_qk_l2norm, bool use_beta_sigmoid,
                  bool allow_neg_eigval, bool scalar_gate) {
   p.gate = parse_gate(gate);
@@ -32,49 +31,38 @@ void set_options(Params &p, const std::string &gate,
 // p.scalar_gate must be set. N = B without cu_seqlens, len(cu_seqlens) - 1
 // with.
 template <typename Params>
-void fill_activations(Params &p, Placement &where, const ArrayView &q,
-                      const ArrayView &k, const ArrayView &v,
-                      const ArrayView &g, const ArrayView &beta,
-                      const ArrayView &o, const OptIn &A_log_in,
-                      const OptIn &dt_bias_in, const OptIn &cu_seqlens_in) {
+void fill_activations(Params &p, Placement &where, const ArrayView &q, const ArrayView &k,
+                      const ArrayView &v, const ArrayView &g, const ArrayView &beta,
+                      const ArrayView &o, const OptIn &A_log_in, const OptIn &dt_bias_in,
+                      const OptIn &cu_seqlens_in) {
   expect_rank(q, 4, "[B, T, H, K]");
   p.batch = q.size(0);
   p.seqlen = q.size(1);
   p.num_qk_heads = static_cast<int32_t>(q.size(2));
   p.head_dim_k = static_cast<int32_t>(q.size(3));
-  expect_shape(k, {p.batch, p.seqlen, p.num_qk_heads, p.head_dim_k},
-               "[B, T, H, K] (as q)");
+  expect_shape(k, {p.batch, p.seqlen, p.num_qk_heads, p.head_dim_k}, "[B, T, H, K] (as q)");
   expect_rank(v, 4, "[B, T, HV, V]");
-  expect_shape(v, {p.batch, p.seqlen, v.size(2), v.size(3)},
-               "[B, T, HV, V] (B, T as q)");
+  expect_shape(v, {p.batch, p.seqlen, v.size(2), v.size(3)}, "[B, T, HV, V] (B, T as q)");
   p.num_v_heads = static_cast<int32_t>(v.size(2));
   p.head_dim_v = static_cast<int32_t>(v.size(3));
   if (p.scalar_gate) {
-    expect_shape(g, {p.batch, p.seqlen, p.num_v_heads},
-                 "[B, T, HV] (scalar gate)");
+    expect_shape(g, {p.batch, p.seqlen, p.num_v_heads}, "[B, T, HV] (scalar gate)");
   } else {
-    expect_shape(g, {p.batch, p.seqlen, p.num_v_heads, p.head_dim_k},
-                 "[B, T, HV, K]");
+    expect_shape(g, {p.batch, p.seqlen, p.num_v_heads, p.head_dim_k}, "[B, T, HV, K]");
   }
   expect_shape(beta, {p.batch, p.seqlen, p.num_v_heads}, "[B, T, HV]");
-  expect_shape(o, {p.batch, p.seqlen, p.num_v_heads, p.head_dim_v},
-               "[B, T, HV, V]");
-  for (const ArrayView *a : {&q, &k, &v, &g, &o})
-    expect_unit_last_stride(*a);
+  expect_shape(o, {p.batch, p.seqlen, p.num_v_heads, p.head_dim_v}, "[B, T, HV, V]");
+  for (const ArrayView *a : {&q, &k, &v, &g, &o}) expect_unit_last_stride(*a);
 
-  p.dtype_qkv =
-      expect_dtype(q, {DType::kBFloat16, DType::kFloat16, DType::kFloat32});
+  p.dtype_qkv = expect_dtype(q, {DType::kBFloat16, DType::kFloat16, DType::kFloat32});
   for (const ArrayView *a : {&k, &v, &o}) {
     if (dtype_of(*a) != p.dtype_qkv) {
-      raise_type_error(std::string(a->name) + ": expected dtype " +
-                       to_string(p.dtype_qkv) + " (the dtype of q), got " +
-                       to_string(dtype_of(*a)));
+      raise_type_error(std::string(a->name) + ": expected dtype " + to_string(p.dtype_qkv) +
+                       " (the dtype of q), got " + to_string(dtype_of(*a)));
     }
   }
-  p.dtype_g =
-      expect_dtype(g, {DType::kBFloat16, DType::kFloat32, DType::kFloat16});
-  p.dtype_beta =
-      expect_dtype(beta, {DType::kBFloat16, DType::kFloat32, DType::kFloat16});
+  p.dtype_g = expect_dtype(g, {DType::kBFloat16, DType::kFloat32, DType::kFloat16});
+  p.dtype_beta = expect_dtype(beta, {DType::kBFloat16, DType::kFloat32, DType::kFloat16});
 
   p.q = q.data;
   p.k = k.data;
@@ -131,8 +119,7 @@ void fill_activations(Params &p, Placement &where, const ArrayView &q,
     const ArrayView c = view("cu_seqlens", *cu_seqlens_in);
     expect_same_device(where, c);
     expect_rank(c, 1, "[N + 1]");
-    if (c.size(0) < 1)
-      raise_value_error("cu_seqlens: expected at least one offset, got none");
+    if (c.size(0) < 1) raise_value_error("cu_seqlens: expected at least one offset, got none");
     expect_contiguous_from(c, 0, "cu_seqlens");
     p.dtype_cu_seqlens = expect_dtype(c, {DType::kInt32, DType::kInt64});
     p.cu_seqlens = c.data;
@@ -140,4 +127,4 @@ void fill_activations(Params &p, Placement &where, const ArrayView &q,
   }
 }
 
-} // namespace kdakit::bindings
+}  // namespace kdakit::bindings
