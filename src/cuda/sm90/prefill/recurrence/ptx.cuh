@@ -1,5 +1,5 @@
-// PTX wrappers used by the prefill recurrence kernel: warp-level bf16 MMA, ldmatrix, mbarrier,
-// and the bulk / tensor copies of the TMA unit. Each is one inline-asm statement.
+// PTX wrappers used by the prefill recurrence kernel: bf16 packing, mbarrier, and the bulk /
+// tensor copies of the TMA unit (the MMA and ldmatrix wrappers come from cuda/common).
 //
 // Fragment layouts of mma.sync.m16n8k16 (bf16 in, fp32 accumulate), lane = 4 * group + quad:
 //   A (16 x 16, row-major): reg0 = (group, 2 quad .. +1), reg1 = (group + 8, same cols),
@@ -13,6 +13,8 @@
 #include <cuda.h>
 #include <cuda_bf16.h>
 #include <cstdint>
+
+#include "cuda/common/mma_sm80.cuh"
 
 namespace kdakit::sm90::prefill::ptx {
 
@@ -34,27 +36,10 @@ __device__ __forceinline__ void split_bf16(float x0, float x1, uint32_t& hi, uin
   lo = pack_bf16(x0 - h0, x1 - h1);
 }
 
-// D = A * B + D, m16n8k16, bf16 inputs, fp32 accumulators.
-__device__ __forceinline__ void mma_bf16_16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
-                                               uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
-      "{%8, %9}, {%0, %1, %2, %3};"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-// Four 8x8 b16 matrices; lanes 8i..8i+7 give the row addresses of matrix i.
-__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
-}
-__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t addr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
-}
+// The warp-level MMA and ldmatrix wrappers are the shared ones (src/cuda/common/mma_sm80.cuh).
+using kdakit::cuda::ldmatrix_x4;
+using kdakit::cuda::ldmatrix_x4_trans;
+using kdakit::cuda::mma_bf16_16816;
 
 // ---- mbarrier -----------------------------------------------------------------------------
 __device__ __forceinline__ void mbarrier_init(uint64_t* bar, uint32_t count) {
