@@ -72,6 +72,21 @@ enum class StateLayout : int32_t {
   kKFirst,      // each (n, h) state stored [K, V] (S, row-major); FLA's default
 };
 
+// Bytes per element of `dtype`; 0 for a value outside the enum.
+constexpr size_t dtype_size(DType dtype) {
+  switch (dtype) {
+    case DType::kFloat32:
+    case DType::kInt32:
+      return 4;
+    case DType::kBFloat16:
+    case DType::kFloat16:
+      return 2;
+    case DType::kInt64:
+      return 8;
+  }
+  return 0;
+}
+
 const char* to_string(DType dtype);
 const char* to_string(GateMode gate);
 const char* to_string(StateLayout layout);

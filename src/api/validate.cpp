@@ -50,21 +50,9 @@ bool valid_gate(GateMode g) {
 
 bool valid_layout(StateLayout l) { return l == StateLayout::kVFirst || l == StateLayout::kKFirst; }
 
-size_t dtype_bytes(DType d) {
-  switch (d) {
-    case DType::kFloat32:
-      return 4;
-    case DType::kBFloat16:
-      return 2;
-    case DType::kFloat16:
-      return 2;
-    case DType::kInt32:
-      return 4;
-    case DType::kInt64:
-      return 8;
-  }
-  return 1;
-}
+// NOTE: 1 for an invalid dtype (reported by the dtype checks) keeps the span and alignment
+// arithmetic below free of a division by zero.
+size_t dtype_bytes(DType d) { return dtype_size(d) ? dtype_size(d) : 1; }
 
 // One dimension of a tensor view: its size, its stride in elements and the name of the
 // params field that holds the stride (null for a contiguous last dim).

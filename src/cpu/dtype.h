@@ -14,22 +14,8 @@
 
 namespace kdakit::cpu {
 
-// Bytes per element of a dtype.
-inline int64_t dtype_size(DType dtype) {
-  switch (dtype) {
-    case DType::kFloat32:
-      return 4;
-    case DType::kBFloat16:
-      return 2;
-    case DType::kFloat16:
-      return 2;
-    case DType::kInt32:
-      return 4;
-    case DType::kInt64:
-      return 8;
-  }
-  return 0;
-}
+// Bytes per element of a dtype, signed for offset arithmetic.
+inline int64_t element_bytes(DType dtype) { return static_cast<int64_t>(dtype_size(dtype)); }
 
 inline bool is_float_dtype(DType dtype) {
   return dtype == DType::kFloat32 || dtype == DType::kBFloat16 || dtype == DType::kFloat16;
@@ -178,7 +164,7 @@ inline int64_t load_index(const void* base, DType dtype, int64_t offset) {
 // Copies one element's raw bits (bit-for-bit pass-through of a state).
 inline void copy_element_bits(void* dst, int64_t dst_offset, const void* src, int64_t src_offset,
                               DType dtype) {
-  const int64_t size = dtype_size(dtype);
+  const int64_t size = element_bytes(dtype);
   std::memcpy(static_cast<char*>(dst) + dst_offset * size,
               static_cast<const char*>(src) + src_offset * size, size_t(size));
 }

@@ -27,17 +27,17 @@ struct StateFormat {
   int32_t HV = 0, K = 0, V = 0;
 
   int64_t block_elements() const { return int64_t(K) * V; }
-  int64_t block_bytes() const { return block_elements() * dtype_size(dtype); }
+  int64_t block_bytes() const { return block_elements() * element_bytes(dtype); }
 
   // Pointer to the K x V block of value head h in slot `slot` of a buffer with slot stride
   // `stride_slot` (elements).
   const char* block(const void* base, int64_t slot, int64_t stride_slot, int32_t h) const {
     return static_cast<const char*>(base) +
-           (slot * stride_slot + int64_t(h) * block_elements()) * dtype_size(dtype);
+           (slot * stride_slot + int64_t(h) * block_elements()) * element_bytes(dtype);
   }
   char* block(void* base, int64_t slot, int64_t stride_slot, int32_t h) const {
     return static_cast<char*>(base) +
-           (slot * stride_slot + int64_t(h) * block_elements()) * dtype_size(dtype);
+           (slot * stride_slot + int64_t(h) * block_elements()) * element_bytes(dtype);
   }
 
   // Stored block -> S (exact: fp32 and bf16 widen exactly).

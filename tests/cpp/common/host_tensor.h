@@ -95,7 +95,7 @@ struct HostTensor {
       if (t.shape[d] == 0) empty = true;
       extent += (t.shape[d] - 1) * t.strides[d];
     }
-    t.bytes.assign(size_t(empty ? 0 : extent) * size_t(cpu::dtype_size(dtype)), 0);
+    t.bytes.assign(size_t(empty ? 0 : extent) * size_t(cpu::element_bytes(dtype)), 0);
     return t;
   }
 
@@ -106,7 +106,7 @@ struct HostTensor {
     for (int64_t s : shape) n *= s;
     return n;
   }
-  int64_t storage_elements() const { return int64_t(bytes.size()) / cpu::dtype_size(dtype); }
+  int64_t storage_elements() const { return int64_t(bytes.size()) / cpu::element_bytes(dtype); }
   size_t nbytes() const { return bytes.size(); }
   void* data() { return bytes.empty() ? nullptr : bytes.data(); }
   const void* data() const { return bytes.empty() ? nullptr : bytes.data(); }
@@ -243,7 +243,7 @@ inline ::testing::AssertionResult bitwise_equal(const std::string& what, const H
   if (got.dtype != ref.dtype || got.shape != ref.shape) {
     return ::testing::AssertionFailure() << what << ": dtype or shape differ";
   }
-  const int64_t size = cpu::dtype_size(got.dtype);
+  const int64_t size = cpu::element_bytes(got.dtype);
   const auto* a = static_cast<const unsigned char*>(got.data());
   const auto* b = static_cast<const unsigned char*>(ref.data());
   for (int64_t e = 0; e < got.numel(); ++e) {
@@ -263,7 +263,7 @@ inline ::testing::AssertionResult storage_equal(const std::string& what, const H
   if (got.bytes.size() != ref.bytes.size()) {
     return ::testing::AssertionFailure() << what << ": storage sizes differ";
   }
-  const int64_t size = cpu::dtype_size(got.dtype);
+  const int64_t size = cpu::element_bytes(got.dtype);
   for (size_t byte = 0; byte < got.bytes.size(); ++byte) {
     if (got.bytes[byte] != ref.bytes[byte]) {
       const int64_t element = int64_t(byte) / size;

@@ -65,7 +65,7 @@ inline void expect_prefill_matches(const PrefillCase& c, const PrefillTensors& g
 inline ::testing::AssertionResult untouched_slots_equal(const HostTensor& before,
                                                         const HostTensor& got,
                                                         const HostTensor& ref) {
-  const int64_t size = cpu::dtype_size(before.dtype);
+  const int64_t size = cpu::element_bytes(before.dtype);
   const int64_t slot_elements = before.numel() / std::max<int64_t>(before.shape[0], 1);
   for (int64_t slot = 0; slot < before.shape[0]; ++slot) {
     bool ref_untouched = true, got_untouched = true;

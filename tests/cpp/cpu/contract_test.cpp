@@ -42,7 +42,7 @@ void copy_slot(const HostTensor& x, int64_t from, HostTensor& y, int64_t to) {
 
 ::testing::AssertionResult slots_bitwise_equal(const HostTensor& x, int64_t slot_x,
                                                const HostTensor& y, int64_t slot_y) {
-  const int64_t size = cpu::dtype_size(x.dtype);
+  const int64_t size = cpu::element_bytes(x.dtype);
   for (int64_t h = 0; h < x.shape[1]; ++h) {
     for (int64_t a = 0; a < x.shape[2]; ++a) {
       for (int64_t b = 0; b < x.shape[3]; ++b) {
@@ -71,7 +71,7 @@ TEST(PrefillContract, EmptySequencesPassTheStateThroughBitForBit) {
     const PrefillCase c{.name = "empty", .seq_lens = {0, 30, 0, 70, 0}, .dtype_state = state_dtype};
     PrefillTensors inputs = testing::make_prefill_tensors(c, rng);
     // Special values in the states of the empty sequences 0, 2 and 4.
-    const int64_t size = cpu::dtype_size(state_dtype);
+    const int64_t size = cpu::element_bytes(state_dtype);
     const uint32_t nan_payload_f32 = 0x7fc01234u;
     const uint16_t nan_payload_bf16 = 0x7fa1u;
     for (int64_t n : {0, 2, 4}) {
@@ -131,7 +131,7 @@ TEST(PrefillContract, NothingWrittenPastCuOrIntoViewPadding) {
         for (int64_t j = 0; j < c.V; ++j) written.insert(t.o.offset_of({0, tok, h, j}));
       }
     }
-    const int64_t size = cpu::dtype_size(t.o.dtype);
+    const int64_t size = cpu::element_bytes(t.o.dtype);
     for (int64_t e = 0; e < t.o.storage_elements(); ++e) {
       const bool same = std::memcmp(t.o.bytes.data() + e * size, inputs.o.bytes.data() + e * size,
                                     size_t(size)) == 0;

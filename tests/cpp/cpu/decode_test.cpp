@@ -26,11 +26,11 @@ using testing::HostTensor;
 
 const char* shifted(const HostTensor& x, int64_t row, int64_t token) {
   return static_cast<const char*>(x.data()) +
-         (row * x.stride(0) + token * x.stride(1)) * cpu::dtype_size(x.dtype);
+         (row * x.stride(0) + token * x.stride(1)) * cpu::element_bytes(x.dtype);
 }
 char* shifted(HostTensor& x, int64_t row, int64_t token) {
   return static_cast<char*>(x.data()) +
-         (row * x.stride(0) + token * x.stride(1)) * cpu::dtype_size(x.dtype);
+         (row * x.stride(0) + token * x.stride(1)) * cpu::element_bytes(x.dtype);
 }
 
 // A one-sequence prefill over `length` tokens of row `row` starting at token `begin` of the
@@ -99,9 +99,9 @@ void expected_decode(const DecodeCase& c, const DecodeTensors& t, HostTensor& o,
   const int64_t cols = c.num_index_cols;
   const auto* idx = static_cast<const int32_t*>(t.state_indices.data());
   const auto* acc = static_cast<const int32_t*>(t.num_accepted_tokens.data());
-  const int64_t slot_bytes = t.state.stride(0) * cpu::dtype_size(c.dtype_state);
+  const int64_t slot_bytes = t.state.stride(0) * cpu::element_bytes(c.dtype_state);
   const int64_t block_bytes =
-      int64_t(c.HV) * c.K * c.V * cpu::dtype_size(c.dtype_state);  // slot minus padding
+      int64_t(c.HV) * c.K * c.V * cpu::element_bytes(c.dtype_state);  // slot minus padding
   HostTensor scratch = HostTensor::contiguous(c.dtype_state, {1, c.HV, c.K * c.V});
   for (int64_t n = 0; n < t.num_seqs; ++n) {
     const cpu::SeqRange r =

@@ -91,7 +91,7 @@ HostTensor slot_copy(const HostTensor& state, int64_t slot) {
 }
 
 bool slot_bytes_equal(const HostTensor& a, const HostTensor& b, int64_t slot) {
-  const int64_t size = cpu::dtype_size(a.dtype);
+  const int64_t size = cpu::element_bytes(a.dtype);
   const int64_t begin = slot * a.stride(0) * size;
   const int64_t end = std::min<int64_t>(int64_t(a.nbytes()), (slot + 1) * a.stride(0) * size);
   return std::memcmp(static_cast<const char*>(a.data()) + begin, static_cast<const char*>(b.data()) + begin,
