@@ -18,6 +18,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <string>
 
 // Same declaration as cuda_runtime_api.h, so that callers need no CUDA header to hold one.
@@ -104,26 +105,42 @@ const char* to_string(StateLayout layout);
 //   pool:  with initial_state_indices (int32 [N]) the initial state of sequence n is slot
 //          initial_state_indices[n] of initial_state (num_state_slots slots); a negative index
 //          means "start from zeros". With final_state_indices the final state goes to that
-//          slot of final_state; a negative index means "do not write". Using the same buffer
-//          and indices for both is the in-place pool update.
-//   In-place: initial_state == final_state (same pointer, same strides) is an exact in-place
-//   update; any other overlap of the two buffers is rejected.
+//          slot of final_state; a negative index means "do not write".
+//   In-place: initial_state == final_state (same pointer, same stride) is an update in place.
+//   Dense, both buffers are read and written as rows n. Pooled (both indexed), the two index
+//   arrays may differ: the prefix-caching pattern reads a cached slot a and writes a new slot
+//   b of one pool. Caller guarantee for a shared pool: no slot that sequence n reads is
+//   written by another sequence, and no slot is written by two sequences (the kernels run
+//   sequences concurrently; each reads its own initial state before it writes anything, so a
+//   sequence reading and writing the same slot is exact). KDAKIT_DEBUG_CHECKS=1 checks this.
+//   Any other overlap of the state buffers (a shifted view, another stride, a pool read through
+//   indices and written dense) is rejected as partial aliasing.
 //
 // Chunk states (prefix caching), optional: with chunk_states non-null and
-// chunk_state_interval = C (a positive multiple of 64), for each sequence of length L the
-// states *before* tokens 0, C, 2C, ... (ceil(L / C) of them; none for an empty sequence) are
-// written, in the state dtype and layout, to consecutive entries [*, HV, ...] of chunk_states,
+// chunk_state_interval = C (a positive multiple of 64), each sequence of length L has
+// ceil(L / C) entries (none when empty): entry j is the state *before* its token j*C (entry 0
+// is the initial state), i.e. the state after its first j*C tokens. Entries are numbered
 // sequence after sequence (FLA's `h` of return_intermediate_states with C = 64).
-// num_chunk_states is the buffer's capacity in entries: a fixed batch needs B * ceil(T / C);
-// for a packed batch (whose count depends on cu_seqlens) entries past the capacity are not
-// written.
+// num_chunk_states is the capacity in entries: a fixed batch needs B * ceil(T / C); for a
+// packed batch (whose count depends on cu_seqlens) entries at or past it are not written.
+//   dense:  entry e is row e of chunk_states (rows stride_chunk_states_n apart).
+//   pool:   with chunk_state_indices (int32 [num_chunk_states]), entry e is written to row
+//           chunk_state_indices[e] of chunk_states (num_chunk_state_slots rows); a negative
+//           index skips the entry. States at caller-chosen token offsets (multiples of 64):
+//           C = 64 and -1 for every chunk not wanted. chunk_states may then be the state pool
+//           itself (same pointer, stride and dtype as initial_state / final_state), under the
+//           guarantee above extended to these writes (a sequence's entries are written in
+//           order, then its final state).
+// Chunk states are stored in dtype_chunk_states (unset: dtype_state) and state_layout.
 struct PrefillParams {
   // --- sizes
   int64_t batch = 0;            // B (1 with cu_seqlens)
   int64_t seqlen = 0;           // T, tokens per batch row
   int64_t num_seqs = 0;         // N: B without cu_seqlens, len(cu_seqlens) - 1 with
   int64_t num_state_slots = 0;  // slots in initial_state / final_state when indexed; else N
-  int64_t num_chunk_states = 0; // entries [HV, state] that chunk_states holds (its capacity)
+  int64_t num_chunk_states = 0;       // chunk-state entries the call may write (capacity; with
+                                      // chunk_state_indices, the length of that array)
+  int64_t num_chunk_state_slots = 0;  // rows of chunk_states when chunk_state_indices is set
   int32_t num_qk_heads = 0;     // H
   int32_t num_v_heads = 0;      // HV, a multiple of H (GVA)
   int32_t head_dim_k = 0;       // K
@@ -145,7 +162,10 @@ struct PrefillParams {
   const int32_t* initial_state_indices = nullptr;   // [N], nullable (dense initial state)
   void* final_state = nullptr;                      // [N or num_state_slots, HV, state], nullable
   const int32_t* final_state_indices = nullptr;     // [N], nullable (dense final state)
-  void* chunk_states = nullptr;                     // [num chunk states, HV, state], nullable
+  void* chunk_states = nullptr;                     // [rows, HV, state], nullable; rows:
+                                                    // num_chunk_states, or num_chunk_state_slots
+                                                    // with chunk_state_indices
+  const int32_t* chunk_state_indices = nullptr;     // [num_chunk_states], nullable (dense)
 
   // --- strides (elements)
   int64_t stride_q_b = 0, stride_q_t = 0, stride_q_h = 0;
@@ -156,12 +176,14 @@ struct PrefillParams {
   int64_t stride_o_b = 0, stride_o_t = 0, stride_o_h = 0;
   int64_t stride_initial_state_n = 0;  // between sequences / slots; a state is HV*K*V dense
   int64_t stride_final_state_n = 0;
+  int64_t stride_chunk_states_n = 0;  // between chunk-state rows (entries or pool slots)
 
   // --- enums
   DType dtype_qkv = DType::kBFloat16;    // q, k, v and o
   DType dtype_g = DType::kBFloat16;
   DType dtype_beta = DType::kBFloat16;
-  DType dtype_state = DType::kFloat32;   // initial_state, final_state, chunk_states
+  DType dtype_state = DType::kFloat32;      // initial_state, final_state
+  std::optional<DType> dtype_chunk_states;  // chunk_states; unset: dtype_state
   DType dtype_cu_seqlens = DType::kInt64;
   GateMode gate = GateMode::kPrecomputed;
   StateLayout state_layout = StateLayout::kVFirst;
@@ -179,6 +201,11 @@ struct PrefillParams {
   void* workspace = nullptr;  // device scratch of at least prefill_workspace_size(...) bytes
   size_t workspace_bytes = 0;
 };
+
+// The dtype chunk_states are stored in: dtype_chunk_states, else dtype_state.
+inline DType chunk_states_dtype(const PrefillParams& p) {
+  return p.dtype_chunk_states.value_or(p.dtype_state);
+}
 
 // ------------------------------------------------------------------------------------------
 // Decode: token-serial recurrence over a state pool, updated in place.

@@ -77,6 +77,11 @@ Status debug_check(const PrefillParams& p, cudaStream_t stream) {
     KDAKIT_RETURN_IF_ERROR(copy_to_host("final_state_indices", p.final_state_indices, N, stream,
                                         m.final_state_indices));
   }
+  if (p.chunk_state_indices != nullptr) {
+    KDAKIT_RETURN_IF_ERROR(copy_to_host("chunk_state_indices", p.chunk_state_indices,
+                                        static_cast<size_t>(p.num_chunk_states), stream,
+                                        m.chunk_state_indices));
+  }
   return detail::check_metadata(p, m);
 }
 

@@ -2,7 +2,10 @@
 #include "api/metadata_checks.h"
 
 #include <algorithm>
+#include <map>
+#include <string>
 #include <unordered_map>
+#include <utility>
 
 #include "api/check.h"
 
@@ -39,6 +42,39 @@ Status claim_write(const char* name, int32_t slot, int64_t n,
   return Status::Ok();
 }
 
+// The rows a prefill call reads and writes, per buffer: a pool given as several of
+// initial_state, final_state and chunk_states (validate() only lets them share memory as the
+// same pointer and stride) is one buffer here.
+class RowAccesses {
+ public:
+  // Row `row` of `buffer` is written by sequence n (through argument `name`); two sequences
+  // writing one row race.
+  Status write(const void* buffer, int64_t row, int64_t n, const char* name) {
+    const auto [it, inserted] = writers_.emplace(Key{buffer, row}, Writer{n, name});
+    if (inserted || it->second.n == n) return Status::Ok();
+    return error(StatusCode::kInvalidArgument, name, ": slot ", row, " is written by sequences ",
+                 it->second.n, " and ", n,
+                 std::string(it->second.name) == name ? "" : cat(" (", it->second.name, ")"),
+                 "; expected each written slot to belong to one sequence");
+  }
+  // Row `row` of `buffer` is read by sequence n; another sequence must not write it.
+  Status read(const void* buffer, int64_t row, int64_t n, const char* name) const {
+    const auto it = writers_.find(Key{buffer, row});
+    if (it == writers_.end() || it->second.n == n) return Status::Ok();
+    return error(StatusCode::kInvalidArgument, name, ": slot ", row, " is read by sequence ", n,
+                 " and written by sequence ", it->second.n, " (", it->second.name,
+                 ") of the same pool");
+  }
+
+ private:
+  using Key = std::pair<const void*, int64_t>;
+  struct Writer {
+    int64_t n;
+    const char* name;
+  };
+  std::map<Key, Writer> writers_;
+};
+
 }  // namespace
 
 Status check_metadata(const PrefillParams& p, const PrefillMetadata& m) {
@@ -46,6 +82,7 @@ Status check_metadata(const PrefillParams& p, const PrefillMetadata& m) {
   if (p.cu_seqlens != nullptr) KDAKIT_RETURN_IF_ERROR(check_cu_seqlens(m.cu_seqlens, N, p.seqlen));
   const std::vector<int32_t>& init = m.initial_state_indices;
   const std::vector<int32_t>& fin = m.final_state_indices;
+  const std::vector<int32_t>& chunk = m.chunk_state_indices;
   for (size_t n = 0; n < init.size(); ++n) {
     KDAKIT_CHECK(init[n] < p.num_state_slots, kInvalidArgument,
                  "initial_state_indices: expected a slot < num_state_slots = ", p.num_state_slots,
@@ -53,37 +90,52 @@ Status check_metadata(const PrefillParams& p, const PrefillMetadata& m) {
                  "initial_state_indices[",
                  n, "] = ", init[n]);
   }
-  std::unordered_map<int32_t, int64_t> writer;
+  RowAccesses rows;
   for (size_t n = 0; n < fin.size(); ++n) {
     KDAKIT_CHECK(fin[n] < p.num_state_slots, kInvalidArgument,
                  "final_state_indices: expected a slot < num_state_slots = ", p.num_state_slots,
                  " (or < 0 to skip the write), got final_state_indices[", n, "] = ", fin[n]);
     if (fin[n] >= 0) {
       KDAKIT_RETURN_IF_ERROR(
-          claim_write("final_state_indices", fin[n], static_cast<int64_t>(n), writer));
-    }
-  }
-  // NOTE: validate() only lets one pool be both read and written with the same indices, so
-  // a read of another sequence's written slot can only come from duplicate indices; this
-  // also covers callers that hold the metadata before deciding how to alias.
-  if (p.initial_state == p.final_state && !init.empty() && !fin.empty()) {
-    for (size_t n = 0; n < init.size(); ++n) {
-      const auto it = writer.find(init[n]);
-      KDAKIT_CHECK(init[n] < 0 || it == writer.end() || it->second == static_cast<int64_t>(n),
-                   kInvalidArgument, "initial_state_indices: slot ", init[n],
-                   " is read by sequence ", n, " and written by sequence ",
-                   it == writer.end() ? -1 : it->second, " of the same pool");
+          rows.write(p.final_state, fin[n], static_cast<int64_t>(n), "final_state_indices"));
     }
   }
   if (p.chunk_states != nullptr && p.chunk_state_interval > 0) {
-    int64_t needed = 0;
+    const bool indexed = p.chunk_state_indices != nullptr;
+    KDAKIT_CHECK(!indexed || chunk.size() == static_cast<size_t>(p.num_chunk_states), kInternal,
+                 "chunk_state_indices: host copy holds ", chunk.size(),
+                 " entries, expected num_chunk_states = ", p.num_chunk_states);
+    int64_t entry = 0;
     for (int64_t n = 0; n < N; ++n) {
-      needed += (seq_len(m.cu_seqlens, p.seqlen, n) + p.chunk_state_interval - 1) /
-                p.chunk_state_interval;
+      const int64_t count = (seq_len(m.cu_seqlens, p.seqlen, n) + p.chunk_state_interval - 1) /
+                            p.chunk_state_interval;
+      for (int64_t e = entry; indexed && e < std::min(entry + count, p.num_chunk_states); ++e) {
+        const int32_t row = chunk[static_cast<size_t>(e)];
+        KDAKIT_CHECK(row < p.num_chunk_state_slots, kInvalidArgument,
+                     "chunk_state_indices: expected a row < num_chunk_state_slots = ",
+                     p.num_chunk_state_slots,
+                     " (or < 0 to skip the entry), got "
+                     "chunk_state_indices[",
+                     e, "] = ", row);
+        if (row >= 0)
+          KDAKIT_RETURN_IF_ERROR(rows.write(p.chunk_states, row, n, "chunk_state_indices"));
+      }
+      entry += count;
     }
-    KDAKIT_CHECK(needed <= p.num_chunk_states, kInvalidArgument,
-                 "chunk_states: expected room for the ", needed,
+    KDAKIT_CHECK(entry <= p.num_chunk_states, kInvalidArgument,
+                 indexed ? "chunk_state_indices" : "chunk_states", ": expected room for the ",
+                 entry,
                  " chunk states of these sequences, got num_chunk_states = ", p.num_chunk_states);
+  }
+  // Sequences run concurrently: no sequence may start from a row another one writes.
+  if (p.initial_state != nullptr) {
+    for (int64_t n = 0; n < N; ++n) {
+      const int64_t slot = init.empty() ? n : init[static_cast<size_t>(n)];
+      if (slot >= 0) {
+        KDAKIT_RETURN_IF_ERROR(rows.read(p.initial_state, slot, n,
+                                         init.empty() ? "initial_state" : "initial_state_indices"));
+      }
+    }
   }
   return Status::Ok();
 }

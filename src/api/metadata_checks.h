@@ -17,6 +17,7 @@ struct PrefillMetadata {
   std::vector<int64_t> cu_seqlens;             // [N + 1], widened to int64
   std::vector<int32_t> initial_state_indices;  // [N]
   std::vector<int32_t> final_state_indices;    // [N]
+  std::vector<int32_t> chunk_state_indices;    // [num_chunk_states]
 };
 
 // Host copies of a decode call's metadata.
@@ -27,10 +28,12 @@ struct DecodeMetadata {
 };
 
 // Both require validate(p) to have passed. They check: cu_seqlens[0] = 0, non-decreasing,
-// cu_seqlens[N] <= T; every slot index < num_state_slots (negative: zero state / skipped
-// write / padding row); no slot written by two sequences, and in a shared pool no slot one
-// sequence writes that another starts from; prefill chunk states fit num_chunk_states;
-// num_accepted_tokens in [1, num_index_cols]. The first bad element is named.
+// cu_seqlens[N] <= T; every slot index < num_state_slots (chunk_state_indices: <
+// num_chunk_state_slots; negative: zero state / skipped write / padding row); prefill chunk
+// states fit num_chunk_states; num_accepted_tokens in [1, num_index_cols]; and, per buffer
+// (a pool that is both initial_state, final_state or chunk_states counts once), no row written
+// by two sequences and no row one sequence reads that another writes (sequences run
+// concurrently). The first bad element is named.
 Status check_metadata(const PrefillParams& p, const PrefillMetadata& m);
 Status check_metadata(const DecodeParams& p, const DecodeMetadata& m);
 

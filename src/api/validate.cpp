@@ -138,6 +138,15 @@ Status check_sizes(const P& c) {
 
 // --- 2. enums and dtypes ------------------------------------------------------------------
 
+// Chunk states may have their own dtype (prefill only).
+Status check_chunk_states_dtype(const PrefillParams& p) {
+  const DType d = chunk_states_dtype(p);
+  KDAKIT_CHECK(d == DType::kFloat32 || d == DType::kBFloat16, kInvalidType,
+               "chunk_states: expected dtype float32 or bfloat16, got ", to_string(d));
+  return Status::Ok();
+}
+Status check_chunk_states_dtype(const DecodeParams&) { return Status::Ok(); }
+
 template <typename P>
 Status check_dtypes(const P& c) {
   KDAKIT_CHECK(is_float_dtype(c.dtype_qkv), kInvalidType,
@@ -154,6 +163,7 @@ Status check_dtypes(const P& c) {
                  kInvalidType, "cu_seqlens: expected dtype int32 or int64, got ",
                  to_string(c.dtype_cu_seqlens));
   }
+  KDAKIT_RETURN_IF_ERROR(check_chunk_states_dtype(c));
   KDAKIT_CHECK(valid_gate(c.gate), kInvalidArgument,
                "gate: expected precomputed, softplus or lower_bound, got value ",
                static_cast<int>(c.gate));
@@ -413,9 +423,13 @@ Status validate(const PrefillParams& p) {
       check_views({initial_state, final_state, initial_indices, final_indices}, false));
 
   const bool has_chunk_states = p.chunk_states != nullptr;
+  const bool chunk_indexed = p.chunk_state_indices != nullptr;
   KDAKIT_CHECK(p.chunk_state_interval >= 0, kInvalidArgument,
                "chunk_state_interval: expected >= 0 (0 = no chunk states), got ",
                p.chunk_state_interval);
+  KDAKIT_CHECK(!chunk_indexed || has_chunk_states, kInvalidArgument,
+               "chunk_states: required with chunk_state_indices (the buffer or pool they index), "
+               "got None");
   if (has_chunk_states) {
     KDAKIT_CHECK(p.chunk_state_interval > 0 && p.chunk_state_interval % kChunkStateGranule == 0,
                  kInvalidArgument,
@@ -429,31 +443,72 @@ Status validate(const PrefillParams& p) {
       const int64_t needed =
           p.batch * ((p.seqlen + p.chunk_state_interval - 1) / p.chunk_state_interval);
       KDAKIT_CHECK(p.num_chunk_states >= needed, kInvalidArgument,
-                   "chunk_states: expected room for B * ceil(T / chunk_state_interval) = ", needed,
+                   chunk_indexed ? "chunk_state_indices" : "chunk_states",
+                   ": expected room for B * ceil(T / chunk_state_interval) = ", needed,
                    " states, got num_chunk_states = ", p.num_chunk_states);
+    }
+    if (chunk_indexed) {
+      KDAKIT_CHECK(p.num_chunk_state_slots >= 1, kInvalidArgument,
+                   "num_chunk_state_slots: expected >= 1 rows in chunk_states with "
+                   "chunk_state_indices, got ",
+                   p.num_chunk_state_slots);
     }
   } else {
     KDAKIT_CHECK(p.chunk_state_interval == 0, kInvalidArgument,
                  "chunk_states: required when chunk_state_interval is set (got ",
                  p.chunk_state_interval, "), got None");
   }
-  const View chunk_states = state_view("chunk_states", p.chunk_states, p.dtype_state,
-                                       p.num_chunk_states, state_elems, nullptr, state_elems);
-  KDAKIT_RETURN_IF_ERROR(check_views({chunk_states}, false));
+  const int64_t chunk_rows = chunk_indexed ? p.num_chunk_state_slots : p.num_chunk_states;
+  if (has_chunk_states) {
+    KDAKIT_CHECK(chunk_rows <= 1 || p.stride_chunk_states_n >= state_elems, kInvalidArgument,
+                 "chunk_states: expected a stride between states (stride_chunk_states_n) >= "
+                 "HV*K*V = ",
+                 state_elems, ", got ", p.stride_chunk_states_n);
+  }
+  const DType chunk_dtype = chunk_states_dtype(p);
+  const View chunk_states =
+      state_view("chunk_states", p.chunk_states, chunk_dtype, chunk_rows, state_elems,
+                 "stride_chunk_states_n", p.stride_chunk_states_n);
+  const View chunk_indices =
+      vector_view("chunk_state_indices", p.chunk_state_indices, DType::kInt32, p.num_chunk_states);
+  KDAKIT_RETURN_IF_ERROR(check_views({chunk_states, chunk_indices}, false));
 
   // --- 6. aliasing: o, final_state and chunk_states are written
-  const std::vector<View> inputs = {
-      w.q, w.k, w.v, w.g, w.beta, w.A_log, w.dt_bias, w.cu_seqlens, initial_indices, final_indices};
+  const std::vector<View> inputs = {w.q,           w.k,          w.v,
+                                    w.g,           w.beta,       w.A_log,
+                                    w.dt_bias,     w.cu_seqlens, initial_indices,
+                                    final_indices, chunk_indices};
   const ByteRange init_range = byte_range(initial_state);
   const ByteRange final_range = byte_range(final_state);
   if (init_range.overlaps(final_range)) {
-    const bool exact = p.initial_state == p.final_state &&
-                       (init_rows <= 1 || p.stride_initial_state_n == p.stride_final_state_n) &&
-                       p.initial_state_indices == p.final_state_indices;
-    KDAKIT_CHECK(exact, kInvalidArgument,
+    // NOTE: one pool read and written through two index arrays is exact under the caller
+    // guarantee (kdakit.h): each sequence reads its state before writing any, and no sequence
+    // writes a slot another one reads. Mixing indexed and dense access to one buffer is not.
+    const bool same_rows = p.initial_state == p.final_state &&
+                           (init_rows <= 1 || p.stride_initial_state_n == p.stride_final_state_n);
+    const bool same_indexing =
+        (p.initial_state_indices == nullptr) == (p.final_state_indices == nullptr);
+    KDAKIT_CHECK(same_rows && same_indexing, kInvalidArgument,
                  "final_state: partial state aliasing with initial_state; expected either "
-                 "disjoint buffers or the same buffer (same pointer, stride and state indices) "
-                 "for an in-place update");
+                 "disjoint buffers or the same buffer (same pointer and stride, read and written "
+                 "both densely or both through state indices) for an update in place");
+  }
+  // chunk_states may be a state pool itself: the same pointer, stride and dtype, indexed on
+  // both sides.
+  for (const View* state : {&initial_state, &final_state}) {
+    if (!byte_range(chunk_states).overlaps(byte_range(*state))) continue;
+    const bool state_indexed = state == &initial_state ? p.initial_state_indices != nullptr
+                                                       : p.final_state_indices != nullptr;
+    const int64_t state_stride =
+        state == &initial_state ? p.stride_initial_state_n : p.stride_final_state_n;
+    const bool same_pool = chunk_indexed && state_indexed && p.chunk_states == state->ptr &&
+                           p.stride_chunk_states_n == state_stride && chunk_dtype == p.dtype_state;
+    KDAKIT_CHECK(same_pool, kInvalidArgument,
+                 "chunk_states: expected a buffer that shares no memory with ", state->name,
+                 ", or the same state pool (same pointer, stride and dtype, with "
+                 "chunk_state_indices and ",
+                 state == &initial_state ? "initial_state_indices" : "final_state_indices",
+                 "), got overlapping byte ranges");
   }
   std::vector<View> others = inputs;
   others.push_back(initial_state);
@@ -461,7 +516,6 @@ Status validate(const PrefillParams& p) {
   others.push_back(chunk_states);
   KDAKIT_RETURN_IF_ERROR(check_disjoint(w.o, others));
   KDAKIT_RETURN_IF_ERROR(check_disjoint(final_state, inputs));
-  KDAKIT_RETURN_IF_ERROR(check_disjoint(chunk_states, {initial_state, final_state}));
   KDAKIT_RETURN_IF_ERROR(check_disjoint(chunk_states, inputs));
 
   // The workspace is scratch the kernels overwrite: [workspace, workspace + workspace_bytes)

@@ -31,9 +31,9 @@ DType check_state(const ArrayView& s, int64_t slots, const PrefillParams& p, con
 template <bool kSizeOnly>
 auto prefill_entry(InArray q_in, InArray k_in, InArray v_in, InArray g_in, InArray beta_in,
                    OutArray o_in, OptIn A_log_in, OptIn dt_bias_in, OptIn cu_seqlens_in,
-                   OptIn initial_state_in, OptIn initial_state_indices_in,
-                   OptOut final_state_in, OptIn final_state_indices_in,
-                   OptOut chunk_states_in, int64_t chunk_state_interval, OptOut workspace_in,
+                   OptIn initial_state_in, OptIn initial_state_indices_in, OptOut final_state_in,
+                   OptIn final_state_indices_in, OptOut chunk_states_in,
+                   OptIn chunk_state_indices_in, int64_t chunk_state_interval, OptOut workspace_in,
                    const std::string& gate, const std::string& state_layout, double scale,
                    double lower_bound, bool use_qk_l2norm, bool use_beta_sigmoid,
                    bool allow_neg_eigval, bool scalar_gate, const std::string& backend,
@@ -118,21 +118,49 @@ auto prefill_entry(InArray q_in, InArray k_in, InArray v_in, InArray g_in, InArr
     const bool v_first = p.state_layout == StateLayout::kVFirst;
     const int64_t d2 = v_first ? p.head_dim_v : p.head_dim_k;
     const int64_t d3 = v_first ? p.head_dim_k : p.head_dim_v;
-    const char* dims = v_first ? "[..., HV, V, K]" : "[..., HV, K, V]";
-    if (s.ndim < 4) expect_rank(s, 4, dims);
-    const size_t lead = s.ndim - 3;
-    if (s.size(lead) != p.num_v_heads || s.size(lead + 1) != d2 || s.size(lead + 2) != d3) {
-      raise_value_error(std::string("chunk_states: expected shape ") + dims + " with HV = " +
-                        std::to_string(p.num_v_heads) + ", got " + shape_string(s));
-    }
-    expect_contiguous_from(s, 0, "chunk_states");
-    agree_state_dtype("chunk_states", expect_dtype(s, {DType::kFloat32, DType::kBFloat16}));
-    int64_t entries = 1;
-    for (size_t i = 0; i < lead; ++i) entries *= s.size(i);
-    p.num_chunk_states = entries;
+    // NOTE: the chunk states keep their own dtype (the kernels may not take every mix; C++
+    // says so); a pool given as both chunk_states and a state is checked there too.
+    const DType dtype = expect_dtype(s, {DType::kFloat32, DType::kBFloat16});
+    p.dtype_chunk_states = dtype;
     p.chunk_states = s.data;
+    if (chunk_state_indices_in) {
+      // A pool of rows [slots, HV, ...], each state dense, rows any stride apart.
+      expect_rank(s, 4, pool_dims);
+      expect_shape(s, {s.size(0), p.num_v_heads, d2, d3}, pool_dims);
+      expect_contiguous_from(s, 1, "each state [HV, ...]");
+      p.num_chunk_state_slots = s.size(0);
+      p.stride_chunk_states_n = s.stride(0);
+      const ArrayView ix = view("chunk_state_indices", *chunk_state_indices_in);
+      expect_same_device(where, ix);
+      expect_rank(ix, 1, "[num entries]");
+      expect_contiguous_from(ix, 0, "chunk_state_indices");
+      expect_dtype(ix, {DType::kInt32});
+      p.chunk_state_indices = static_cast<const int32_t*>(ix.data);
+      p.num_chunk_states = ix.size(0);
+    } else {
+      const char* dims = v_first ? "[..., HV, V, K]" : "[..., HV, K, V]";
+      if (s.ndim < 4) expect_rank(s, 4, dims);
+      const size_t lead = s.ndim - 3;
+      if (s.size(lead) != p.num_v_heads || s.size(lead + 1) != d2 || s.size(lead + 2) != d3) {
+        raise_value_error(std::string("chunk_states: expected shape ") + dims + " with HV = " +
+                          std::to_string(p.num_v_heads) + ", got " + shape_string(s));
+      }
+      expect_contiguous_from(s, 0, "chunk_states");
+      int64_t entries = 1;
+      for (size_t i = 0; i < lead; ++i) entries *= s.size(i);
+      p.num_chunk_states = entries;
+      p.stride_chunk_states_n = int64_t{p.num_v_heads} * p.head_dim_k * p.head_dim_v;
+    }
+  } else if (chunk_state_indices_in) {
+    raise_value_error("chunk_state_indices: given without chunk_states (the rows they index)");
   }
-  if (state_dtype) p.dtype_state = *state_dtype;
+  // NOTE: without initial or final state the chunk states fix the state dtype, so that a
+  // bf16 chunk-state buffer alone is not a dtype mix.
+  if (state_dtype) {
+    p.dtype_state = *state_dtype;
+  } else if (p.dtype_chunk_states) {
+    p.dtype_state = *p.dtype_chunk_states;
+  }
 
   if (workspace_in) {
     const ArrayView w = view("workspace", *workspace_in);
@@ -170,11 +198,11 @@ auto prefill_entry(InArray q_in, InArray k_in, InArray v_in, InArray g_in, InArr
 template <typename Fn>
 void def_prefill(nb::module_& m, const char* name, Fn fn, const char* doc) {
   m.def(name, fn, nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("g"), nb::arg("beta"),
-        nb::arg("o"), nb::kw_only(), nb::arg("A_log") = nb::none(),
-        nb::arg("dt_bias") = nb::none(), nb::arg("cu_seqlens") = nb::none(),
-        nb::arg("initial_state") = nb::none(), nb::arg("initial_state_indices") = nb::none(),
-        nb::arg("final_state") = nb::none(), nb::arg("final_state_indices") = nb::none(),
-        nb::arg("chunk_states") = nb::none(), nb::arg("chunk_state_interval") = 0,
+        nb::arg("o"), nb::kw_only(), nb::arg("A_log") = nb::none(), nb::arg("dt_bias") = nb::none(),
+        nb::arg("cu_seqlens") = nb::none(), nb::arg("initial_state") = nb::none(),
+        nb::arg("initial_state_indices") = nb::none(), nb::arg("final_state") = nb::none(),
+        nb::arg("final_state_indices") = nb::none(), nb::arg("chunk_states") = nb::none(),
+        nb::arg("chunk_state_indices") = nb::none(), nb::arg("chunk_state_interval") = 0,
         nb::arg("workspace") = nb::none(), nb::arg("gate") = "precomputed",
         nb::arg("state_layout") = "v_first", nb::arg("scale"), nb::arg("lower_bound") = 0.0,
         nb::arg("use_qk_l2norm") = false, nb::arg("use_beta_sigmoid") = false,

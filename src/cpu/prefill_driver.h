@@ -1,6 +1,7 @@
 // The part of the CPU prefill shared by the float64 reference and the fp32 chunked mirror:
-// validation, sequence ranges, initial-state gather, chunk-state placement, final-state
-// scatter, parallel loop over (sequence, value head). The per-sequence math is a callback.
+// validation, sequence ranges, initial-state gather, chunk-state placement (dense or into pool
+// rows, in their own dtype), final-state scatter, parallel loop over (sequence, value head).
+// The per-sequence math is a callback.
 #pragma once
 
 #include <cstdint>
@@ -15,34 +16,38 @@
 
 namespace kdakit::cpu {
 
-// Writes the chunk states of one (sequence, value head): entry e is the state before token
-// e * chunk_state_interval of the sequence, stored at entry first_entry + e of chunk_states
-// (entries of [HV, state], contiguous). Entries at or past `capacity` (num_chunk_states) are
-// not written: a packed batch's count depends on cu_seqlens, which the caller may not know.
+// Collects the chunk states of one (sequence, value head): entry e is the state before token
+// e * chunk_state_interval of the sequence, global entry first_entry + e of the call. A
+// global entry at or past `capacity` (num_chunk_states) is not written: a packed batch's count
+// depends on cu_seqlens, which the caller may not know. The entry goes to row `entry` of
+// chunk_states, or with chunk_state_indices to row indices[entry] (skipped when negative or
+// not below num_chunk_state_slots). Writes are deferred (see state_io.h) so that chunk_states
+// may be the state pool the call also reads.
 class ChunkStateSink {
  public:
-  ChunkStateSink(const StateFormat& format, void* chunk_states, int64_t capacity,
-                 int64_t first_entry, int32_t h)
-      : format_(format),
-        chunk_states_(chunk_states),
-        capacity_(capacity),
-        first_entry_(first_entry),
-        h_(h) {}
+  ChunkStateSink(const PrefillParams& p, const StateFormat& format, DeferredStateWrites* writes,
+                 int64_t n, int32_t h, int64_t first_entry)
+      : p_(p), format_(format), writes_(writes), n_(n), h_(h), first_entry_(first_entry) {}
 
-  bool enabled() const { return chunk_states_ != nullptr; }
+  bool enabled() const { return writes_ != nullptr; }
   void operator()(int64_t e, const double* S) const {
     const int64_t entry = first_entry_ + e;
-    if (entry >= capacity_) return;
-    format_.store(
-        S, format_.block(chunk_states_, entry, int64_t(format_.HV) * format_.block_elements(), h_));
+    if (entry >= p_.num_chunk_states) return;
+    int64_t row = entry;
+    if (p_.chunk_state_indices != nullptr) {
+      row = p_.chunk_state_indices[entry];
+      if (!slot_in_range(row, p_.num_chunk_state_slots)) return;
+    }
+    format_.store(S, writes_->add(n_, h_, row));
   }
 
  private:
+  const PrefillParams& p_;
   const StateFormat& format_;
-  void* chunk_states_;
-  int64_t capacity_;
-  int64_t first_entry_;
+  DeferredStateWrites* writes_;
+  int64_t n_;
   int32_t h_;
+  int64_t first_entry_;
 };
 
 // run_sequence(const KdaProblem&, SeqRange, int32_t h, double* S, const ChunkStateSink&) runs
@@ -57,6 +62,8 @@ Status run_prefill(const PrefillParams& p, SequenceFn&& run_sequence) {
   const KdaProblem m = make_problem(p);
   const StateFormat format{p.dtype_state, p.state_layout, p.num_v_heads, p.head_dim_k,
                            p.head_dim_v};
+  const StateFormat chunk_format{chunk_states_dtype(p), p.state_layout, p.num_v_heads, p.head_dim_k,
+                                 p.head_dim_v};
   const int64_t N = p.num_seqs;
   const int32_t HV = p.num_v_heads;
   const int64_t interval = p.chunk_states != nullptr ? p.chunk_state_interval : 0;
@@ -85,6 +92,7 @@ Status run_prefill(const PrefillParams& p, SequenceFn&& run_sequence) {
   };
 
   DeferredStateWrites finals(N, HV, format);
+  DeferredStateWrites chunks(N, HV, chunk_format);
   parallel_for(N * int64_t(HV), [&](int64_t item) {
     const int64_t n = item / HV;
     const int32_t h = int32_t(item % HV);
@@ -110,16 +118,17 @@ Status run_prefill(const PrefillParams& p, SequenceFn&& run_sequence) {
 
     std::vector<double> S(size_t(format.block_elements()), 0.0);
     if (initial != nullptr) format.load(initial, S.data());
-    const ChunkStateSink sink(format, interval > 0 ? p.chunk_states : nullptr, p.num_chunk_states,
-                              first_chunk_entry[size_t(n)], h);
+    const ChunkStateSink sink(p, chunk_format, interval > 0 ? &chunks : nullptr, n, h,
+                              first_chunk_entry[size_t(n)]);
     run_sequence(m, range, h, S.data(), sink);
     if (out_slot >= 0) format.store(S.data(), finals.add(n, h, out_slot));
   });
 
-  if (p.final_state != nullptr) {
-    finals.apply(p.final_state, p.stride_final_state_n,
-                 [](int64_t count, auto&& fn) { parallel_for(count, fn); });
-  }
+  // NOTE: chunk states first, final states last: a sequence whose final slot is also one of
+  // its chunk-state rows ends with its final state there, as on the GPU (program order).
+  auto parallel = [](int64_t count, auto&& fn) { parallel_for(count, fn); };
+  if (interval > 0) chunks.apply(p.chunk_states, p.stride_chunk_states_n, parallel);
+  if (p.final_state != nullptr) finals.apply(p.final_state, p.stride_final_state_n, parallel);
   return Status::Ok();
 }
 

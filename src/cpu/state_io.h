@@ -4,11 +4,13 @@
 // (i: key channel, j: value channel). Stored states are K x V blocks in dtype_state and
 // state_layout, dense inside one slot (HV blocks per slot, slots stride_*_n apart).
 //
-// Ordering: every work item first reads its initial state and runs; the final states are
-// kept as ready-to-store bytes and written only after all items finished, per value head in
-// sequence order. So an in-place update (initial_state == final_state) reads every state
-// before any is written, whatever the indices, and a slot named by two sequences ends up
-// with the later sequence's state, deterministically.
+// Ordering: every work item first reads its initial state and runs; its chunk states and
+// final state are kept as ready-to-store bytes and written only after all items finished, per
+// value head in sequence order, chunk states before final states. So a pool that is read and
+// written (initial_state == final_state, or chunk states into the state pool) has every state
+// read before any is written, whatever the indices, and a slot named by two writes ends up
+// with the later one, deterministically. (The GPU kernels only promise the result when no
+// sequence writes a slot another one reads or writes: see kdakit.h.)
 #pragma once
 
 #include <cstdint>

@@ -27,6 +27,7 @@ struct Buffers {
   std::vector<int64_t> cu = std::vector<int64_t>(16);
   std::vector<int32_t> idx = std::vector<int32_t>(64);
   std::vector<int32_t> idx2 = std::vector<int32_t>(64);
+  std::vector<int32_t> idx3 = std::vector<int32_t>(64);
   std::vector<int32_t> acc = std::vector<int32_t>(16);
 };
 
@@ -63,10 +64,26 @@ PrefillCase valid_prefill(Buffers& b) {
   p.initial_state_indices = p.final_state_indices = b.idx.data();
   p.stride_initial_state_n = p.stride_final_state_n = kStateElems;
   p.chunk_states = b.chunks.data(), p.chunk_state_interval = 64;
+  p.stride_chunk_states_n = kStateElems;
   c.m.cu_seqlens = {0, 4, 4, 9};
   c.m.initial_state_indices = {2, -1, 5};
   c.m.final_state_indices = {2, -1, 5};
   return c;
+}
+
+// The baseline's pool read through initial_state_indices and written through a second index
+// array (the prefix-caching pattern).
+void write_elsewhere(PrefillCase& c, Buffers& b, std::vector<int32_t> final_slots) {
+  c.p.final_state_indices = b.idx2.data();
+  c.m.final_state_indices = std::move(final_slots);
+}
+
+// The baseline's two chunk-state entries (one per non-empty sequence) written through
+// chunk_state_indices into rows of the state pool itself.
+void chunks_into_the_pool(PrefillCase& c, Buffers& b, std::vector<int32_t> rows) {
+  c.p.chunk_states = b.pool.data(), c.p.chunk_state_indices = b.idx3.data();
+  c.p.num_chunk_state_slots = 6;
+  c.m.chunk_state_indices = std::move(rows);
 }
 
 // Dense speculative decode: 3 rows of T = 3 tokens, index rows [1 + S = 3] padded to 4,
@@ -151,6 +168,74 @@ const std::vector<PC>& prefill_cases() {
          c.m.final_state_indices = {1, 2, 3};
        },
        true, ""},
+      {"shared_pool_written_elsewhere",
+       [](PrefillCase& c, Buffers& b) {
+         write_elsewhere(c, b, {0, 1, 3});
+       },
+       true, ""},
+      {"shared_pool_slot_read_and_written_by_one_sequence",
+       [](PrefillCase& c, Buffers& b) {
+         write_elsewhere(c, b, {2, 1, 4});
+       },
+       true, ""},
+      {"shared_pool_slot_read_by_another_sequence",
+       [](PrefillCase& c, Buffers& b) {
+         write_elsewhere(c, b, {5, 1, 3});
+       },
+       false,
+       "initial_state_indices: slot 5 is read by sequence 2 and written by sequence 0 "
+       "(final_state_indices) of the same pool"},
+      {"chunk_rows_into_the_state_pool",
+       [](PrefillCase& c, Buffers& b) {
+         chunks_into_the_pool(c, b, {0, 1});
+       },
+       true, ""},
+      {"chunk_rows_skipped",
+       [](PrefillCase& c, Buffers& b) {
+         chunks_into_the_pool(c, b, {-1, -1});
+       },
+       true, ""},
+      {"chunk_row_is_the_own_initial_slot",
+       [](PrefillCase& c, Buffers& b) {
+         chunks_into_the_pool(c, b, {2, 5});
+       },
+       true, ""},
+      {"chunk_rows_in_their_own_pool",
+       [](PrefillCase& c, Buffers& b) {
+         chunks_into_the_pool(c, b, {2, 5});
+         c.p.chunk_states = b.chunks.data();
+       },
+       true, ""},
+      {"chunk_row_is_another_sequences_initial_slot",
+       [](PrefillCase& c, Buffers& b) {
+         write_elsewhere(c, b, {0, 1, 3});
+         chunks_into_the_pool(c, b, {5, 4});
+       },
+       false,
+       "initial_state_indices: slot 5 is read by sequence 2 and written by sequence 0 "
+       "(chunk_state_indices)"},
+      {"chunk_row_is_another_sequences_final_slot",
+       [](PrefillCase& c, Buffers& b) {
+         chunks_into_the_pool(c, b, {0, 2});
+       },
+       false, "chunk_state_indices: slot 2 is written by sequences 0 and 2 (final_state_indices)"},
+      {"chunk_row_written_twice",
+       [](PrefillCase& c, Buffers& b) {
+         chunks_into_the_pool(c, b, {3, 3});
+       },
+       false, "chunk_state_indices: slot 3 is written by sequences 0 and 2"},
+      {"chunk_row_out_of_range",
+       [](PrefillCase& c, Buffers& b) {
+         chunks_into_the_pool(c, b, {0, 6});
+       },
+       false, "chunk_state_indices[1] = 6"},
+      {"too_few_chunk_state_indices",
+       [](PrefillCase& c, Buffers& b) {
+         chunks_into_the_pool(c, b, {0, 1});
+         c.m.cu_seqlens = {0, 70, 70, 75};
+         c.p.seqlen = 80;
+       },
+       false, "chunk_state_indices: expected room for the 3 chunk states"},
       {"first_offset_not_zero",
        [](PrefillCase& c, Buffers&) {
          c.m.cu_seqlens = {1, 4, 4, 9};

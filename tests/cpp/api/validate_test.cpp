@@ -79,6 +79,7 @@ PrefillParams valid_prefill(Arena& a) {
       .final_state = a.take(kB * kStateElems * 4),
       .stride_initial_state_n = kStateElems,
       .stride_final_state_n = kStateElems,
+      .stride_chunk_states_n = kStateElems,
       .gate = GateMode::kLowerBound,
       .scale = 1.f / std::sqrt(float(kK)),
       .lower_bound = -5.f,
@@ -199,6 +200,24 @@ void to_fused_qkv(P& p, Arena& a) {
   p.stride_q_b = p.stride_k_b = p.stride_v_b = p.seqlen * width;
 }
 
+// One pool of kSlots slots read and written in place through two index arrays (the
+// prefix-caching pattern).
+void to_shared_pool(PrefillParams& p, Arena& a) {
+  p.num_state_slots = kSlots;
+  p.initial_state = p.final_state = a.take(kSlots * kStateElems * 4);
+  p.initial_state_indices = a.take<int32_t>(kB * 4);
+  p.final_state_indices = a.take<int32_t>(kB * 4);
+}
+
+// Chunk states every 64 tokens (one entry per sequence), written through chunk_state_indices
+// into rows of their own pool of kSlots rows, padded apart.
+void to_chunk_pool(PrefillParams& p, Arena& a) {
+  p.chunk_state_interval = 64, p.num_chunk_states = kB, p.num_chunk_state_slots = kSlots;
+  p.chunk_state_indices = a.take<int32_t>(kB * 4);
+  p.chunk_states = a.take(kSlots * (kStateElems + 16) * 4);
+  p.stride_chunk_states_n = kStateElems + 16;
+}
+
 // --- prefill ------------------------------------------------------------------------------
 
 const std::vector<PC>& prefill_cases() {
@@ -297,6 +316,30 @@ const std::vector<PC>& prefill_cases() {
        kOk, ""},
       {"no_state_at_all",
        [](PrefillParams& p, Arena&) { p.initial_state = p.final_state = nullptr; }, kOk, ""},
+      {"same_pool_different_indices", [](PrefillParams& p, Arena& a) { to_shared_pool(p, a); },
+       kOk, ""},
+      {"chunk_states_into_own_pool", [](PrefillParams& p, Arena& a) { to_chunk_pool(p, a); }, kOk,
+       ""},
+      {"chunk_states_into_the_state_pool",
+       [](PrefillParams& p, Arena& a) {
+         to_shared_pool(p, a);
+         to_chunk_pool(p, a);
+         p.chunk_states = p.final_state, p.stride_chunk_states_n = kStateElems;
+       },
+       kOk, ""},
+      {"chunk_states_bf16_with_fp32_state",
+       [](PrefillParams& p, Arena& a) {
+         p.chunk_state_interval = 64, p.num_chunk_states = kB;
+         p.chunk_states = a.take(kB * kStateElems * 2);
+         p.dtype_chunk_states = DType::kBFloat16;
+       },
+       kOk, ""},
+      {"chunk_pool_of_one_row_any_stride",
+       [](PrefillParams& p, Arena& a) {
+         to_chunk_pool(p, a);
+         p.num_chunk_state_slots = 1, p.stride_chunk_states_n = 0;
+       },
+       kOk, ""},
 
       // sizes
       {"negative_batch", [](PrefillParams& p, Arena&) { p.batch = p.num_seqs = -1; }, kArg,
@@ -444,6 +487,48 @@ const std::vector<PC>& prefill_cases() {
          p.chunk_state_interval = 64;
        },
        kArg, "chunk_states: expected room"},
+      {"chunk_state_indices_too_short",
+       [](PrefillParams& p, Arena& a) {
+         to_chunk_pool(p, a);
+         p.num_chunk_states = kB - 1;
+       },
+       kArg, "chunk_state_indices: expected room for B * ceil(T / chunk_state_interval) = 2"},
+      {"chunk_state_indices_without_chunk_states",
+       [](PrefillParams& p, Arena& a) {
+         p.chunk_state_indices = a.take<int32_t>(kB * 4), p.num_chunk_states = kB;
+       },
+       kArg, "chunk_states: required with chunk_state_indices"},
+      {"chunk_state_indices_without_slots",
+       [](PrefillParams& p, Arena& a) {
+         to_chunk_pool(p, a);
+         p.num_chunk_state_slots = 0;
+       },
+       kArg, "num_chunk_state_slots: expected >= 1"},
+      {"chunk_states_stride_small",
+       [](PrefillParams& p, Arena& a) {
+         p.chunk_states = a.take(kB * kStateElems * 4), p.num_chunk_states = kB;
+         p.chunk_state_interval = 64, p.stride_chunk_states_n = kStateElems - 1;
+       },
+       kArg, "stride_chunk_states_n) >= HV*K*V = 512, got 511"},
+      {"chunk_pool_stride_zero",
+       [](PrefillParams& p, Arena& a) {
+         to_chunk_pool(p, a);
+         p.stride_chunk_states_n = 0;
+       },
+       kArg, "stride_chunk_states_n"},
+      {"chunk_states_fp16",
+       [](PrefillParams& p, Arena& a) {
+         to_chunk_pool(p, a);
+         p.dtype_chunk_states = DType::kFloat16;
+       },
+       kType, "chunk_states: expected dtype float32 or bfloat16, got float16"},
+      {"chunk_state_indices_misaligned",
+       [](PrefillParams& p, Arena& a) {
+         to_chunk_pool(p, a);
+         p.chunk_state_indices = reinterpret_cast<const int32_t*>(
+             reinterpret_cast<const char*>(p.chunk_state_indices) + 2);
+       },
+       kArg, "chunk_state_indices: expected a pointer aligned to 4 bytes"},
 
       // aliasing
       {"same_state_buffer_different_stride",
@@ -457,12 +542,18 @@ const std::vector<PC>& prefill_cases() {
          p.final_state = static_cast<char*>(const_cast<void*>(p.initial_state)) + 64;
        },
        kArg, "partial state aliasing"},
-      {"same_pool_different_indices",
+      {"pool_read_dense_same_buffer_written_through_indices",
        [](PrefillParams& p, Arena& a) {
          p.num_state_slots = kSlots;
          p.initial_state = p.final_state = a.take(kSlots * kStateElems * 4);
-         p.initial_state_indices = a.take<int32_t>(kB * 4);
          p.final_state_indices = a.take<int32_t>(kB * 4);
+       },
+       kArg, "partial state aliasing"},
+      {"shared_pool_shifted_by_one_slot",
+       [](PrefillParams& p, Arena& a) {
+         to_shared_pool(p, a);
+         p.final_state = static_cast<float*>(p.final_state) + kStateElems;
+         p.num_state_slots = kSlots - 1;
        },
        kArg, "partial state aliasing"},
       {"pool_read_dense_write_same_buffer",
@@ -487,6 +578,58 @@ const std::vector<PC>& prefill_cases() {
          p.chunk_states = p.final_state, p.num_chunk_states = kB, p.chunk_state_interval = 64;
        },
        kArg, "chunk_states: expected a buffer that shares no memory with final_state"},
+      {"chunk_states_into_the_state_pool_without_indices",
+       [](PrefillParams& p, Arena& a) {
+         to_shared_pool(p, a);
+         p.chunk_states = p.final_state, p.num_chunk_states = kB, p.chunk_state_interval = 64;
+       },
+       kArg, "chunk_states: expected a buffer that shares no memory with initial_state"},
+      {"chunk_states_into_the_state_pool_other_stride",
+       [](PrefillParams& p, Arena& a) {
+         to_shared_pool(p, a);
+         to_chunk_pool(p, a);
+         p.chunk_states = p.final_state;
+       },
+       kArg, "or the same state pool (same pointer, stride and dtype"},
+      {"chunk_states_into_the_state_pool_other_dtype",
+       [](PrefillParams& p, Arena& a) {
+         to_shared_pool(p, a);
+         to_chunk_pool(p, a);
+         p.chunk_states = p.final_state, p.stride_chunk_states_n = kStateElems;
+         p.dtype_chunk_states = DType::kBFloat16;
+       },
+       kArg, "chunk_states: expected a buffer that shares no memory with initial_state"},
+      {"chunk_pool_over_a_dense_initial_state",
+       [](PrefillParams& p, Arena& a) {
+         to_chunk_pool(p, a);
+         p.chunk_states = const_cast<void*>(p.initial_state);
+         p.num_chunk_state_slots = kB, p.stride_chunk_states_n = kStateElems;
+       },
+       kArg, "with chunk_state_indices and initial_state_indices"},
+      {"o_overlaps_chunk_state_indices",
+       [](PrefillParams& p, Arena& a) {
+         to_chunk_pool(p, a);
+         p.chunk_state_indices = static_cast<const int32_t*>(p.o);
+       },
+       kArg, "o: expected a buffer that shares no memory with chunk_state_indices"},
+      {"chunk_states_overlap_chunk_state_indices",
+       [](PrefillParams& p, Arena& a) {
+         to_chunk_pool(p, a);
+         p.chunk_state_indices = static_cast<const int32_t*>(p.chunk_states) + 8;
+       },
+       kArg, "chunk_states: expected a buffer that shares no memory with chunk_state_indices"},
+      {"final_state_overlaps_chunk_state_indices",
+       [](PrefillParams& p, Arena& a) {
+         to_chunk_pool(p, a);
+         p.chunk_state_indices = static_cast<const int32_t*>(p.final_state);
+       },
+       kArg, "final_state: expected a buffer that shares no memory with chunk_state_indices"},
+      {"workspace_overlaps_chunk_state_indices",
+       [](PrefillParams& p, Arena& a) {
+         to_chunk_pool(p, a);
+         p.workspace = const_cast<int32_t*>(p.chunk_state_indices), p.workspace_bytes = 8;
+       },
+       kArg, "workspace: expected scratch memory that shares no memory with chunk_state_indices"},
       {"o_overlaps_cu_seqlens",
        [](PrefillParams& p, Arena& a) {
          to_packed(p, a, 1);

@@ -13,6 +13,7 @@
 #include <cmath>
 #include <cstdint>
 #include <numeric>
+#include <optional>
 #include <ostream>
 #include <string>
 #include <vector>
@@ -56,8 +57,15 @@ struct PrefillCase {
   int64_t extra_slots = 0;        // pool slots beyond N
   bool negative_indices = false;  // pool: about a third of the indices are -1
   bool in_place = false;          // final state buffer (and indices) = initial ones
+  bool write_elsewhere = false;   // pool in place: final slots no sequence reads (prefix caching:
+                                  // read cached slot a, write new slot b of the same pool)
   int32_t chunk_state_interval = 0;
-  float scale = 0.f;  // 0: K^-0.5
+  bool chunk_pool = false;           // chunk states into pool rows through chunk_state_indices
+                                     // (some -1), rows pad apart; other rows must stay untouched
+  bool chunk_in_state_pool = false;  // chunk_pool rows are slots of the in-place state pool
+                                     // (initial kPool, in_place) no sequence reads or writes
+  std::optional<DType> dtype_chunk_states;  // unset: dtype_state
+  float scale = 0.f;                        // 0: K^-0.5
 
   bool packed() const { return !seq_lens.empty(); }
   int64_t num_seqs() const { return packed() ? int64_t(seq_lens.size()) : batch; }
@@ -75,8 +83,12 @@ struct PrefillTensors {
   HostTensor q, k, v, g, beta, A_log, dt_bias, cu_seqlens;
   HostTensor o;
   HostTensor initial_state, initial_state_indices;
-  HostTensor final_state, final_state_indices;  // undefined when in_place (shares initial_*)
-  HostTensor chunk_states;
+  HostTensor final_state, final_state_indices;  // final_state undefined when in_place (shares
+                                                // initial_state); indices too unless
+                                                // write_elsewhere
+  HostTensor chunk_states;                      // undefined when chunk_in_state_pool
+  HostTensor chunk_state_indices;               // chunk_pool only
+  int64_t num_chunk_entries = 0;                // entries the sequences have (all of them)
 };
 
 // Memory pointers of a prefill call, one per tensor of PrefillTensors.
@@ -86,7 +98,7 @@ struct PrefillPointers {
   void* o = nullptr;
   void *initial_state = nullptr, *initial_state_indices = nullptr;
   void *final_state = nullptr, *final_state_indices = nullptr;
-  void* chunk_states = nullptr;
+  void *chunk_states = nullptr, *chunk_state_indices = nullptr;
 };
 
 // ------------------------------------------------------------------------------------------
@@ -258,8 +270,19 @@ inline HostTensor int32_tensor(const std::vector<int32_t>& values, std::vector<i
 inline PrefillTensors make_prefill_tensors(const PrefillCase& c, Rng& rng) {
   PrefillTensors t;
   t.num_seqs = c.num_seqs();
+  for (int64_t n = 0; n < t.num_seqs; ++n) {
+    const int64_t length = c.packed() ? c.seq_lens[size_t(n)] : c.seqlen;
+    t.num_chunk_entries += cpu::num_chunk_states(length, c.chunk_state_interval);
+  }
   const bool pool = c.initial == StateSource::kPool || c.final_state == StateSource::kPool;
-  t.num_slots = pool ? t.num_seqs + c.extra_slots : t.num_seqs;
+  const bool in_state_pool =
+      c.chunk_pool && c.chunk_in_state_pool && c.initial == StateSource::kPool && c.in_place;
+  // Slots [0, N + extra_slots) are drawn for the reads (and the writes of an ordinary pool);
+  // write_elsewhere writes and chunk rows in the state pool get slots of their own after them.
+  const int64_t read_slots = t.num_seqs + c.extra_slots;
+  t.num_slots = !pool ? t.num_seqs
+                      : read_slots + (c.write_elsewhere ? t.num_seqs : 0) +
+                            (in_state_pool ? t.num_chunk_entries : 0);
   detail::make_activations(c, t, rng);
   if (c.packed()) t.cu_seqlens = detail::make_cu_seqlens(c);
 
@@ -271,9 +294,14 @@ inline PrefillTensors make_prefill_tensors(const PrefillCase& c, Rng& rng) {
   }
   if (c.initial == StateSource::kPool) {
     t.initial_state_indices = detail::int32_tensor(
-        detail::random_slots(t.num_seqs, 0, t.num_slots, c.negative_indices, rng), {t.num_seqs});
+        detail::random_slots(t.num_seqs, 0, read_slots, c.negative_indices, rng), {t.num_seqs});
   }
-  if (!c.in_place && c.final_state != StateSource::kNone) {
+  if (c.in_place && c.write_elsewhere) {
+    t.final_state_indices =
+        detail::int32_tensor(detail::random_slots(t.num_seqs, read_slots, read_slots + t.num_seqs,
+                                                  c.negative_indices, rng),
+                             {t.num_seqs});
+  } else if (!c.in_place && c.final_state != StateSource::kNone) {
     t.final_state =
         detail::make_state_tensor(c.dtype_state, t.num_slots, c.HV, c.K, c.V, c.layout, c.pad);
     if (c.final_state == StateSource::kPool) {
@@ -287,13 +315,24 @@ inline PrefillTensors make_prefill_tensors(const PrefillCase& c, Rng& rng) {
     }
   }
   if (c.chunk_state_interval > 0) {
-    int64_t count = 0;
-    for (int64_t n = 0; n < t.num_seqs; ++n) {
-      const int64_t length = c.packed() ? c.seq_lens[size_t(n)] : c.seqlen;
-      count += cpu::num_chunk_states(length, c.chunk_state_interval);
+    const int64_t count = t.num_chunk_entries;
+    const DType dtype = c.dtype_chunk_states.value_or(c.dtype_state);
+    if (!c.chunk_pool) {
+      t.chunk_states = detail::make_state_tensor(dtype, count, c.HV, c.K, c.V, c.layout, 0);
+      t.chunk_states.poison();
+    } else {
+      // Each entry gets a distinct row (about a third are skipped with -1); the rows nobody
+      // writes keep their random values.
+      const int64_t first_row = in_state_pool ? t.num_slots - count : 0;
+      const int64_t rows = in_state_pool ? t.num_slots : count + 3;
+      t.chunk_state_indices =
+          detail::int32_tensor(detail::random_slots(count, first_row, rows, true, rng), {count});
+      if (!in_state_pool) {
+        t.chunk_states = detail::make_state_tensor(dtype, rows, c.HV, c.K, c.V, c.layout, c.pad);
+        t.chunk_states.fill_storage(0.0);
+        t.chunk_states.fill_uniform(rng, -1.0, 1.0);
+      }
     }
-    t.chunk_states = detail::make_state_tensor(c.dtype_state, count, c.HV, c.K, c.V, c.layout, 0);
-    t.chunk_states.poison();
   }
   return t;
 }
@@ -318,6 +357,7 @@ PrefillPointers map_pointers(PrefillTensors& t, Map&& map) {
   p.final_state = m(t.final_state);
   p.final_state_indices = m(t.final_state_indices);
   p.chunk_states = m(t.chunk_states);
+  p.chunk_state_indices = m(t.chunk_state_indices);
   return p;
 }
 
@@ -330,12 +370,19 @@ inline PrefillParams fill_prefill_params(const PrefillCase& c, const PrefillTens
                                          const PrefillPointers& ptr) {
   const bool in_place = c.in_place && c.initial != StateSource::kNone;
   const HostTensor& final_tensor = in_place ? t.initial_state : t.final_state;
+  const bool chunk_indexed = t.chunk_state_indices.defined();
+  // The chunk-state rows: their own tensor, or the in-place state pool.
+  const bool in_state_pool = chunk_indexed && !t.chunk_states.defined();
+  const HostTensor& chunk_tensor = in_state_pool ? t.initial_state : t.chunk_states;
   return PrefillParams{
       .batch = c.rows(),
       .seqlen = c.tokens_per_row(),
       .num_seqs = t.num_seqs,
       .num_state_slots = t.num_slots,
-      .num_chunk_states = t.chunk_states.defined() ? t.chunk_states.shape[0] : 0,
+      .num_chunk_states = chunk_indexed              ? t.chunk_state_indices.shape[0]
+                          : t.chunk_states.defined() ? t.chunk_states.shape[0]
+                                                     : 0,
+      .num_chunk_state_slots = chunk_indexed ? chunk_tensor.shape[0] : 0,
       .num_qk_heads = c.H,
       .num_v_heads = c.HV,
       .head_dim_k = c.K,
@@ -352,9 +399,10 @@ inline PrefillParams fill_prefill_params(const PrefillCase& c, const PrefillTens
       .initial_state = ptr.initial_state,
       .initial_state_indices = static_cast<const int32_t*>(ptr.initial_state_indices),
       .final_state = in_place ? ptr.initial_state : ptr.final_state,
-      .final_state_indices = static_cast<const int32_t*>(in_place ? ptr.initial_state_indices
-                                                                  : ptr.final_state_indices),
-      .chunk_states = ptr.chunk_states,
+      .final_state_indices = static_cast<const int32_t*>(
+          in_place && !c.write_elsewhere ? ptr.initial_state_indices : ptr.final_state_indices),
+      .chunk_states = in_state_pool ? ptr.initial_state : ptr.chunk_states,
+      .chunk_state_indices = static_cast<const int32_t*>(ptr.chunk_state_indices),
       .stride_q_b = t.q.stride(0),
       .stride_q_t = t.q.stride(1),
       .stride_q_h = t.q.stride(2),
@@ -375,10 +423,12 @@ inline PrefillParams fill_prefill_params(const PrefillCase& c, const PrefillTens
       .stride_o_h = t.o.stride(2),
       .stride_initial_state_n = t.initial_state.defined() ? t.initial_state.stride(0) : 0,
       .stride_final_state_n = final_tensor.defined() ? final_tensor.stride(0) : 0,
+      .stride_chunk_states_n = chunk_tensor.defined() ? chunk_tensor.stride(0) : 0,
       .dtype_qkv = c.dtype_qkv,
       .dtype_g = c.dtype_g,
       .dtype_beta = c.dtype_beta,
       .dtype_state = c.dtype_state,
+      .dtype_chunk_states = c.dtype_chunk_states,
       .dtype_cu_seqlens = c.dtype_cu,
       .gate = c.gate,
       .state_layout = c.layout,
@@ -585,6 +635,13 @@ inline PrefillCase random_prefill_case(Rng& rng, const RandomCaseLimits& lim, in
   bool any_tokens = !c.packed();
   for (int64_t len : c.seq_lens) any_tokens = any_tokens || len > 0;
   if (any_tokens && rng.coin(0.3)) c.chunk_state_interval = rng.coin() ? 64 : 128;
+  const bool pool_in_place = c.in_place && c.initial == StateSource::kPool;
+  c.write_elsewhere = pool_in_place && rng.coin(0.4);
+  if (c.chunk_state_interval > 0) {
+    c.chunk_pool = rng.coin(0.4);
+    if (rng.coin(0.2)) c.dtype_chunk_states = rng.coin() ? DType::kFloat32 : DType::kBFloat16;
+    c.chunk_in_state_pool = c.chunk_pool && pool_in_place && !c.dtype_chunk_states && rng.coin(0.5);
+  }
   c.name = "random" + std::to_string(index) + "_" + to_string(c.gate) + "_K" + std::to_string(c.K) +
            "_V" + std::to_string(c.V) + "_" + to_string(c.dtype_qkv);
   for (char& ch : c.name) {
@@ -715,6 +772,52 @@ inline std::vector<PrefillCase> prefill_corner_cases() {
        .dtype_state = DType::kBFloat16,
        .chunk_state_interval = 128},
       {.name = "tail_past_cu", .seq_lens = {20, 50}, .tail = 13},
+  };
+}
+
+// Pools for prefix caching: one pool read and written through two index arrays, chunk states
+// into pool rows (their own, or slots of the state pool), chunk states in their own dtype. The
+// CUDA kernels may not build each of these (kUnsupported).
+inline std::vector<PrefillCase> prefill_pool_cases() {
+  const PrefillCase shared{.initial = StateSource::kPool,
+                           .final_state = StateSource::kPool,
+                           .extra_slots = 2,
+                           .negative_indices = true,
+                           .in_place = true,
+                           .write_elsewhere = true};
+  PrefillCase write_elsewhere = shared;
+  write_elsewhere.name = "pool_write_elsewhere";
+  write_elsewhere.seq_lens = {30, 0, 70, 9};
+  PrefillCase write_elsewhere_bf16 = write_elsewhere;
+  write_elsewhere_bf16.name = "pool_write_elsewhere_bf16_kfirst_padded";
+  write_elsewhere_bf16.dtype_state = DType::kBFloat16;
+  write_elsewhere_bf16.layout = StateLayout::kKFirst;
+  write_elsewhere_bf16.pad = 2;
+  PrefillCase all_in_one = shared;
+  all_in_one.name = "chunk_rows_in_the_state_pool";
+  all_in_one.seq_lens = {200, 128, 0, 5};
+  all_in_one.chunk_state_interval = 128;
+  all_in_one.chunk_pool = all_in_one.chunk_in_state_pool = true;
+  return {
+      write_elsewhere,
+      write_elsewhere_bf16,
+      all_in_one,
+      {.name = "chunk_rows_own_pool",
+       .seq_lens = {64, 0, 129, 1},
+       .pad = 2,
+       .chunk_state_interval = 64,
+       .chunk_pool = true},
+      {.name = "chunk_states_bf16_from_fp32_state",
+       .seq_lens = {100, 65},
+       .chunk_state_interval = 64,
+       .dtype_chunk_states = DType::kBFloat16},
+      {.name = "chunk_states_fp32_from_bf16_state",
+       .batch = 2,
+       .seqlen = 130,
+       .dtype_state = DType::kBFloat16,
+       .chunk_state_interval = 64,
+       .chunk_pool = true,
+       .dtype_chunk_states = DType::kFloat32},
   };
 }
 

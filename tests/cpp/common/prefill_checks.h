@@ -50,7 +50,7 @@ inline void expect_prefill_matches(const PrefillCase& c, const PrefillTensors& g
   }
   if (ref.chunk_states.defined()) {
     EXPECT_TRUE(rel_l2_below("chunk states", got.chunk_states, ref.chunk_states,
-                             storage_bar(c.dtype_state, bar_state)));
+                             storage_bar(c.dtype_chunk_states.value_or(c.dtype_state), bar_state)));
   }
 }
 

@@ -53,6 +53,8 @@ INSTANTIATE_TEST_SUITE_P(Irregular, ChunkedVsReference,
                          ::testing::ValuesIn(testing::prefill_irregular_cases()), case_name);
 INSTANTIATE_TEST_SUITE_P(Corner, ChunkedVsReference,
                          ::testing::ValuesIn(testing::prefill_corner_cases()), case_name);
+INSTANTIATE_TEST_SUITE_P(Pool, ChunkedVsReference,
+                         ::testing::ValuesIn(testing::prefill_pool_cases()), case_name);
 
 // Head dims K = V in {16, 32, 64, 128} under each gate (vector and scalar), fp32 activations
 // so the fp32 bar applies to the outputs too; lengths straddle chunk boundaries.
