@@ -13,6 +13,9 @@ They translate FLA's flags into kdakit's explicit options and call ``kdakit.pref
 * state layout: FLA's default K-first ``[N, HV, K, V]`` (``state_v_first=False``) is kept;
   ``state_v_first=True`` selects V-first ``[N, HV, V, K]``, the serving layout kdakit's kernels
   are fastest with.
+* serving extras of ``chunk_kda`` spelled as SGLang's: ``initial_state_indices`` (the initial
+  state is a pool, updated in place) and ``output_intermediate_states`` (= FLA's
+  ``return_intermediate_states``).
 
 Inference only: tensors that require gradients are rejected ("training is not supported yet").
 """
@@ -72,7 +75,7 @@ def _gate(use_gate_in_kernel: bool, lower_bound: float | None, A_log: Any):
     return "softplus", None
 
 
-def _check_packed(q: Any, cu_seqlens: Any, initial_state: Any) -> None:
+def _check_packed(q: Any, cu_seqlens: Any, initial_state: Any, pooled: bool = False) -> None:
     if cu_seqlens is None:
         return
     if q.shape[0] != 1:
@@ -81,7 +84,7 @@ def _check_packed(q: Any, cu_seqlens: Any, initial_state: Any) -> None:
             f"row), got batch size {q.shape[0]}"
         )
     n = cu_seqlens.shape[0] - 1
-    if initial_state is not None and initial_state.shape[0] != n:
+    if initial_state is not None and initial_state.shape[0] != n and not pooled:
         raise ValueError(
             f"initial_state: expected one state per sequence, {n} (len(cu_seqlens) - 1), "
             f"got {initial_state.shape[0]}"
@@ -150,17 +153,33 @@ def chunk_kda(
         cu_seqlens_cpu: the same offsets on the host; used to size ``h`` without a device read.
         cp_context: context parallelism is not supported (NotImplementedError).
         **kwargs: ``A_log``, ``dt_bias``, ``chunk_size`` (32 or 64, default 64),
-            ``transpose_state_layout`` (deprecated alias of ``state_v_first``).
+            ``transpose_state_layout`` (deprecated alias of ``state_v_first``), and the serving
+            extras (SGLang's spelling where it has one):
+
+            * ``initial_state_indices``: int32 ``[N]``. ``initial_state`` is then a state pool
+              ``[num_slots, HV, K, V]`` (``[.., V, K]`` with ``state_v_first``), float32 or
+              bfloat16, any slot stride; sequence n starts from slot
+              ``initial_state_indices[n]`` (negative: zeros) and its final state is written
+              back into the pool, always (``output_final_state`` changes nothing), to the same
+              slot or to ``final_state_indices[n]`` (negative: not written).
+            * ``final_state_indices`` (kdakit): int32 ``[N]``, the slots the final states go to
+              when they differ from the ones read (prefix caching: resume from a cached slot,
+              write a new one). No sequence may write a slot another one reads or writes.
+            * ``output_intermediate_states``: SGLang's name of ``return_intermediate_states``.
 
     Returns:
         ``(o, final_state)``, or ``(o, final_state, h)`` with ``return_intermediate_states``;
         ``o`` is ``[B, T, HV, V]`` in the dtype of v; ``final_state`` None unless asked for.
+        With ``initial_state_indices`` the pool itself is returned as ``final_state`` and ``h``
+        is in the pool's dtype.
 
     Runs on the sm_90a kernels for CUDA tensors; numpy arrays and CPU tensors run kdakit's fp32
     chunked CPU backend (the GPU algorithm in C++).
     """
     state_v_first = _state_v_first(state_v_first, kwargs)
-    _reject_unknown("chunk_kda", kwargs, ("A_log", "dt_bias", "chunk_size"))
+    _reject_unknown("chunk_kda", kwargs, ("A_log", "dt_bias", "chunk_size",
+                                          "initial_state_indices", "final_state_indices",
+                                          "output_intermediate_states"))
     if cp_context is not None:
         raise NotImplementedError("cp_context: context parallelism is not supported by kdakit")
     chunk_size = kwargs.get("chunk_size", 64)
@@ -173,7 +192,22 @@ def chunk_kda(
             raise ValueError("lower_bound: required by safe_gate=True with use_gate_in_kernel=True")
         if not -5 <= lower_bound < 0:
             raise ValueError(f"lower_bound: expected a value in [-5, 0), got {lower_bound}")
-    _check_packed(q, cu_seqlens, initial_state)
+    initial_state_indices = kwargs.get("initial_state_indices")
+    final_state_indices = kwargs.get("final_state_indices")
+    pooled = initial_state_indices is not None
+    if "output_intermediate_states" in kwargs:
+        alias = bool(kwargs["output_intermediate_states"])
+        if return_intermediate_states and not alias:
+            raise ValueError(
+                "output_intermediate_states: False contradicts return_intermediate_states=True "
+                "(they are one option; pass either)")
+        return_intermediate_states = alias
+    if pooled and initial_state is None:
+        raise ValueError("initial_state: required with initial_state_indices (it is the state pool)")
+    if final_state_indices is not None and not pooled:
+        raise ValueError(
+            "final_state_indices: only read together with initial_state_indices (a state pool)")
+    _check_packed(q, cu_seqlens, initial_state, pooled)
     gate, lb = _gate(use_gate_in_kernel, lower_bound, A_log)
     if return_intermediate_states and chunk_size != 64:
         raise NotImplementedError(
@@ -182,15 +216,24 @@ def chunk_kda(
         )
 
     kind = _arrays.classify({"q": q})
+    if pooled:
+        state_args = dict(
+            initial_state=initial_state, initial_state_indices=initial_state_indices,
+            final_state=initial_state,
+            final_state_indices=(initial_state_indices if final_state_indices is None
+                                 else final_state_indices),
+            state_dtype=None)
+    else:
+        state_args = dict(initial_state=initial_state, output_final_state=output_final_state,
+                          state_dtype="float32")
     o, final_state, h = prefill(
         q, k, v, g, beta,
         gate=gate, A_log=A_log, dt_bias=dt_bias, lower_bound=lb, scale=scale,
         use_qk_l2norm=use_qk_l2norm_in_kernel, use_beta_sigmoid=use_beta_sigmoid_in_kernel,
         allow_neg_eigval=allow_neg_eigval, cu_seqlens=cu_seqlens, cu_seqlens_cpu=cu_seqlens_cpu,
-        initial_state=initial_state, output_final_state=output_final_state,
-        state_layout="v_first" if state_v_first else "k_first", state_dtype="float32",
+        state_layout="v_first" if state_v_first else "k_first",
         chunk_state_interval=64 if return_intermediate_states else 0,
-        backend="auto" if kind.is_cuda else "chunked",
+        backend="auto" if kind.is_cuda else "chunked", **state_args,
     )
     if not return_intermediate_states:
         return o, final_state

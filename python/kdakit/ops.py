@@ -49,10 +49,13 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
+import numpy as np
+
 from . import _arrays
 from ._ext import ext
 
-__all__ = ["PrefillOutput", "prefill", "prefill_workspace_size", "decode"]
+__all__ = ["PrefillOutput", "prefill", "prefill_workspace_size", "decode",
+           "chunk_state_indices_at", "num_chunk_states"]
 
 _GATES = ("precomputed", "softplus", "lower_bound")
 _LAYOUTS = ("v_first", "k_first")
@@ -120,11 +123,56 @@ def num_chunk_states(B: int, T: int, interval: int, offsets: list[int] | None) -
     return sum(-(-max(0, e - b) // interval) for b, e in zip(offsets[:-1], offsets[1:]))
 
 
+def chunk_state_indices_at(seqlens, offsets, rows=None, interval: int = 64):
+    """``chunk_state_indices`` for states at caller-chosen token offsets (host-side helper).
+
+    ``seqlens``: the length of each sequence (ints). ``offsets[n]``: token offsets of sequence
+    n, each a multiple of ``interval`` below its length; offset t asks for the state after its
+    first t tokens (t = 0: its initial state; the state after all of them is its final state,
+    ``final_state`` / ``final_state_indices``). ``rows[n]``: the row (pool slot) of
+    ``chunk_states`` each offset goes to; default: 0, 1, 2, ... in order over all sequences.
+
+    Returns an int32 numpy array with one entry per chunk state of the batch (``ceil(L /
+    interval)`` per sequence, sequence after sequence): the row for the wanted entries, -1 for
+    the others. Pass it with ``chunk_state_interval=interval`` (copied to the device for CUDA).
+    """
+    seqlens = [int(x) for x in seqlens]
+    if len(offsets) != len(seqlens):
+        raise ValueError(
+            f"offsets: expected one list per sequence ({len(seqlens)}), got {len(offsets)}")
+    if rows is not None and len(rows) != len(seqlens):
+        raise ValueError(f"rows: expected one list per sequence ({len(seqlens)}), got {len(rows)}")
+    if interval <= 0 or interval % 64:
+        raise ValueError(f"interval: expected a positive multiple of 64, got {interval}")
+    counts = [-(-max(0, L) // interval) for L in seqlens]
+    out = np.full(sum(counts), -1, dtype=np.int32)
+    first = 0
+    next_row = 0
+    for n, (L, count) in enumerate(zip(seqlens, counts)):
+        wanted = [int(t) for t in offsets[n]]
+        dest = [int(r) for r in rows[n]] if rows is not None else None
+        if dest is not None and len(dest) != len(wanted):
+            raise ValueError(
+                f"rows[{n}]: expected one row per offset ({len(wanted)}), got {len(dest)}")
+        for i, t in enumerate(wanted):
+            if t % interval or not 0 <= t < L:
+                raise ValueError(
+                    f"offsets[{n}]: expected multiples of {interval} in [0, {L}) (the sequence's "
+                    f"length; its final state covers {L}), got {t}")
+            if out[first + t // interval] >= 0:
+                raise ValueError(f"offsets[{n}]: offset {t} is given twice")
+            out[first + t // interval] = dest[i] if dest is not None else next_row
+            next_row += 1
+        first += count
+    return out
+
+
 def _prefill_call(
     q, k, v, g, beta, *, gate, A_log, dt_bias, lower_bound, scale, use_qk_l2norm,
     use_beta_sigmoid, allow_neg_eigval, scalar_gate, cu_seqlens, cu_seqlens_cpu, initial_state,
     initial_state_indices, final_state, final_state_indices, output_final_state, state_layout,
-    state_dtype, chunk_state_interval, chunk_states, out, backend,
+    state_dtype, chunk_state_interval, chunk_states, chunk_state_indices, chunk_state_dtype, out,
+    backend,
 ):
     """Normalises the arguments of prefill / prefill_workspace_size: returns the ArrayKind and
     the keyword arguments of the C++ entry point (outputs allocated)."""
@@ -132,7 +180,8 @@ def _prefill_call(
         "q": q, "k": k, "v": v, "g": g, "beta": beta, "A_log": A_log, "dt_bias": dt_bias,
         "cu_seqlens": cu_seqlens, "initial_state": initial_state,
         "initial_state_indices": initial_state_indices, "final_state": final_state,
-        "final_state_indices": final_state_indices, "chunk_states": chunk_states, "out": out,
+        "final_state_indices": final_state_indices, "chunk_states": chunk_states,
+        "chunk_state_indices": chunk_state_indices, "out": out,
     })
     for name, x in (("q", q), ("k", k), ("v", v)):
         _check_rank(name, x, (4,), "[B, T, heads, head_dim]")
@@ -154,19 +203,23 @@ def _prefill_call(
         if final_state_indices is not None:
             raise ValueError("final_state_indices: given without final_state (the pool to write)")
         final_state = _arrays.empty(kind, _state_shape(N, HV, K, V, state_layout), state_dtype)
+    if chunk_state_indices is not None and chunk_states is None:
+        raise ValueError(
+            "chunk_states: required with chunk_state_indices (the pool whose rows they name)")
     if chunk_state_interval and chunk_states is None:
         offsets = None
         if cu_seqlens is not None:
             offsets = _arrays.to_host_list(cu_seqlens_cpu if cu_seqlens_cpu is not None else cu_seqlens)
         count = num_chunk_states(B, T, chunk_state_interval, offsets)
         shape = _state_shape(count, HV, K, V, state_layout)
-        chunk_states = _arrays.empty(kind, shape, state_dtype)
+        chunk_states = _arrays.empty(kind, shape, chunk_state_dtype or state_dtype)
 
     args = dict(
         A_log=A_log, dt_bias=dt_bias, cu_seqlens=cu_seqlens, initial_state=initial_state,
         initial_state_indices=initial_state_indices, final_state=final_state,
         final_state_indices=final_state_indices, chunk_states=chunk_states,
-        chunk_state_interval=int(chunk_state_interval), gate=gate, state_layout=state_layout,
+        chunk_state_indices=chunk_state_indices, chunk_state_interval=int(chunk_state_interval),
+        gate=gate, state_layout=state_layout,
         scale=float(scale), lower_bound=lb, use_qk_l2norm=bool(use_qk_l2norm),
         use_beta_sigmoid=bool(use_beta_sigmoid), allow_neg_eigval=bool(allow_neg_eigval),
         scalar_gate=bool(scalar_gate), backend=backend,
@@ -196,6 +249,8 @@ def prefill(
     state_dtype: str | None = None,
     chunk_state_interval: int = 0,
     chunk_states=None,
+    chunk_state_indices=None,
+    chunk_state_dtype: str | None = None,
     workspace=None,
     out=None,
     backend: str = "auto",
@@ -211,16 +266,28 @@ def prefill(
       repeated offset is an empty sequence (its state passes through). ``cu_seqlens_cpu``: the
       same offsets on the host, used only to size ``chunk_states`` without a device read.
     * ``initial_state``: dense ``[N, HV, ...]``, or a pool ``[num_slots, HV, ...]`` with
-      ``initial_state_indices`` (int32 ``[N]``; a negative slot starts from zeros). None: zeros.
+      ``initial_state_indices`` (int32 ``[N]``; a negative slot starts from zeros; SGLang's
+      spelling). None: zeros. Slots may be any stride apart; each state ``[HV, ...]`` is dense.
     * ``final_state``: where the final states go (dense ``[N, HV, ...]``, or a pool with
-      ``final_state_indices``; a negative slot is not written). Passing the same array and
-      indices as the initial state updates the pool in place. With ``output_final_state=True``
-      and no ``final_state``, a dense one is allocated in ``state_dtype`` (default: the
-      initial state's dtype, else float32).
-    * ``chunk_state_interval`` C (a positive multiple of 64): also write the states before
-      tokens 0, C, 2C, ... of every sequence (``ceil(L / C)`` each, sequence after sequence) to
-      ``chunk_states`` ``[count, HV, ...]`` (allocated when None; for CUDA ``cu_seqlens``
-      without ``cu_seqlens_cpu`` that reads the offsets back, a synchronisation).
+      ``final_state_indices``; a negative slot is not written). Passing the same pool as the
+      initial state updates it in place: with the same indices each sequence overwrites the
+      slot it read; with other indices it reads slot ``initial_state_indices[n]`` and writes
+      slot ``final_state_indices[n]`` (prefix caching: resume from a cached slot, keep it, write
+      a new one). The caller guarantees that no sequence writes a slot another sequence reads
+      or writes (sequences run concurrently; ``KDAKIT_DEBUG_CHECKS=1`` checks it on CUDA). With
+      ``output_final_state=True`` and no ``final_state``, a dense one is allocated in
+      ``state_dtype`` (default: the initial state's dtype, else float32).
+    * ``chunk_state_interval`` C (a positive multiple of 64): also return the states before
+      tokens 0, C, 2C, ... of every sequence (``ceil(L / C)`` entries each, sequence after
+      sequence; FLA's ``h`` with C = 64) in ``chunk_states`` ``[count, HV, ...]`` (allocated in
+      ``chunk_state_dtype``, default the state dtype, when None; for CUDA ``cu_seqlens`` without
+      ``cu_seqlens_cpu`` that reads the offsets back, a synchronisation).
+    * ``chunk_state_indices`` (int32 ``[count]``): write entry e to row
+      ``chunk_state_indices[e]`` of ``chunk_states`` instead (a pool ``[num_rows, HV, ...]``,
+      which may be the state pool itself; -1 skips the entry). States at chosen token offsets
+      (multiples of 64): C = 64 and ``chunk_state_indices_at(...)``. The CUDA kernels do not
+      write pool rows or a dtype other than the state's yet (NotImplementedError); the CPU
+      backends do.
     * ``workspace``: CUDA scratch of ``prefill_workspace_size(...)`` bytes (any dtype, dense).
       Allocated per call when None; pass one to keep allocation off the run path.
     * ``out``: preallocated ``o``. ``backend``: ``"auto"``; on the CPU ``"chunked"`` (fp32, the
@@ -237,7 +304,8 @@ def prefill(
         initial_state_indices=initial_state_indices, final_state=final_state,
         final_state_indices=final_state_indices, output_final_state=output_final_state,
         state_layout=state_layout, state_dtype=state_dtype,
-        chunk_state_interval=chunk_state_interval, chunk_states=chunk_states, out=out,
+        chunk_state_interval=chunk_state_interval, chunk_states=chunk_states,
+        chunk_state_indices=chunk_state_indices, chunk_state_dtype=chunk_state_dtype, out=out,
         backend=backend,
     )
     handle = _stream_handle(kind, stream)
@@ -262,7 +330,7 @@ def prefill_workspace_size(q, k, v, g, beta, **kwargs) -> int:
         cu_seqlens=None, cu_seqlens_cpu=None, initial_state=None, initial_state_indices=None,
         final_state=None, final_state_indices=None, output_final_state=False,
         state_layout="v_first", state_dtype=None, chunk_state_interval=0, chunk_states=None,
-        out=None, backend="auto",
+        chunk_state_indices=None, chunk_state_dtype=None, out=None, backend="auto",
     )
     unknown = set(kwargs) - set(defaults)
     if unknown:

@@ -226,3 +226,65 @@ def test_cpu_calls_take_no_stream_and_need_no_workspace(x):
         kdakit.prefill(*args, stream=1)
     with pytest.raises(TypeError, match="unexpected arguments"):
         kdakit.prefill_workspace_size(*args, gates="softplus")
+
+
+def test_pool_arguments_of_prefill(x):
+    args = (x["q"], x["k"], x["v"], x["g"], x["beta"])
+    pool = np.zeros((5, 2, 16, 16), np.float32)
+    idx = np.array([0, 1], np.int32)
+    # One pool read through indices and written densely is partial aliasing.
+    with pytest.raises(ValueError, match="final_state: partial state aliasing"):
+        kdakit.prefill(*args, initial_state=pool, initial_state_indices=idx, final_state=pool[:2])
+    # Read slot a, write slot b of one pool is fine; a shifted view of it is not.
+    kdakit.prefill(*args, initial_state=pool, initial_state_indices=idx, final_state=pool,
+                   final_state_indices=np.array([2, 3], np.int32))
+    with pytest.raises(ValueError, match="final_state: partial state aliasing"):
+        kdakit.prefill(*args, initial_state=pool[:4], initial_state_indices=idx,
+                       final_state=pool[1:], final_state_indices=idx)  # 4 slots each
+
+
+def test_chunk_state_pool_arguments(x):
+    args = (x["q"], x["k"], x["v"], x["g"], x["beta"])
+    rows = np.zeros((4, 2, 16, 16), np.float32)
+    idx = np.array([0, 1], np.int32)  # B * ceil(20 / 64) = 2 entries
+    with raises(ValueError, "chunk_states"):
+        kdakit.prefill(*args, chunk_state_interval=64, chunk_state_indices=idx)
+    with raises(TypeError, "chunk_state_indices"):
+        kdakit.prefill(*args, chunk_state_interval=64, chunk_states=rows,
+                       chunk_state_indices=idx.astype(np.int64))
+    with raises(ValueError, "chunk_state_indices"):
+        kdakit.prefill(*args, chunk_state_interval=64, chunk_states=rows,
+                       chunk_state_indices=idx[:1])
+    with raises(ValueError, "chunk_states"):
+        kdakit.prefill(*args, chunk_state_interval=64, chunk_states=rows[:, :1],
+                       chunk_state_indices=idx)
+    with raises(ValueError, "chunk_states"):
+        kdakit.prefill(*args, chunk_state_interval=64, chunk_states=rows.reshape(2, 2, 2, 16, 16),
+                       chunk_state_indices=idx)
+    # Into the state pool: only as the same pool (same array), indexed on both sides.
+    pool = np.zeros((6, 2, 16, 16), np.float32)
+    kdakit.prefill(*args, initial_state=pool, initial_state_indices=idx, final_state=pool,
+                   final_state_indices=np.array([2, 3], np.int32), chunk_state_interval=64,
+                   chunk_states=pool, chunk_state_indices=np.array([4, 5], np.int32))
+    with raises(ValueError, "chunk_states"):
+        kdakit.prefill(*args, initial_state=pool, initial_state_indices=idx, final_state=pool,
+                       final_state_indices=idx, chunk_state_interval=64, chunk_states=pool[1:],
+                       chunk_state_indices=idx)
+    with raises(ValueError, "chunk_states"):
+        kdakit.prefill(*args, initial_state=pool[:2], output_final_state=True,
+                       chunk_state_interval=64, chunk_states=pool, chunk_state_indices=idx)
+
+
+def test_chunk_kda_pool_arguments(x):
+    pool = np.zeros((4, 2, 16, 16), np.float32)
+    idx = np.array([0, 1], np.int32)
+    with raises(ValueError, "initial_state"):
+        fla(x, initial_state_indices=idx)
+    with raises(ValueError, "final_state_indices"):
+        fla(x, final_state_indices=idx)
+    with raises(ValueError, "output_intermediate_states"):
+        fla(x, return_intermediate_states=True, output_intermediate_states=False)
+    with raises(TypeError, "initial_state_indices"):
+        fla(x, initial_state=pool, initial_state_indices=idx.astype(np.int64))
+    o, state = fla(x, initial_state=pool, initial_state_indices=idx)
+    assert state is pool
