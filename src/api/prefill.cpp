@@ -1,5 +1,6 @@
-// kdakit::prefill: validate -> workspace check -> (debug-mode metadata check) -> sm_90a
-// dispatch. The run path reads no device memory on the host and allocates nothing.
+// kdakit::prefill: validate -> workspace check -> (debug-mode metadata check) -> features the
+// kernels build -> sm_90a dispatch. The run path reads no device memory on the host and
+// allocates nothing.
 #include "api/check.h"
 #include "kdakit/kdakit.h"
 
@@ -57,7 +58,6 @@ size_t prefill_workspace_size(const PrefillParams& p) {
 Status prefill(const PrefillParams& p, cudaStream_t stream) {
   KDAKIT_RETURN_IF_ERROR(validate(p));
 #if KDAKIT_WITH_CUDA
-  KDAKIT_RETURN_IF_ERROR(check_kernel_features(p));
   // NOTE: no sequences means no output row and no state to write; the kernels need not see
   // an empty grid.
   if (p.num_seqs == 0) return Status::Ok();
@@ -67,6 +67,7 @@ Status prefill(const PrefillParams& p, cudaStream_t stream) {
   KDAKIT_CHECK(p.workspace_bytes >= needed, kInvalidArgument, "workspace: expected at least ",
                needed, " bytes (prefill_workspace_size), got ", p.workspace_bytes);
   if (debug_checks_enabled()) KDAKIT_RETURN_IF_ERROR(debug_check(p, stream));
+  KDAKIT_RETURN_IF_ERROR(check_kernel_features(p));
   return sm90::run_prefill(p, stream);
 #else
   (void)stream;

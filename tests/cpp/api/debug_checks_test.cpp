@@ -150,6 +150,36 @@ TEST(DebugChecks, PrefillSlotOutOfRange) {
                   "initial_state_indices[1] = 4");
 }
 
+// The prefix-caching pattern: one pool read through initial_state_indices and written
+// through other final_state_indices; valid unless a sequence writes a slot another one reads.
+TEST(DebugChecks, PrefillSharedPoolWrittenElsewhere) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  DeviceArena a;
+  PrefillParams p = packed_prefill(a, {0, 4, 10}, {3, -1});
+  p.final_state_indices = a.copy(std::vector<int32_t>{0, 1});
+  expect_not_rejected(prefill(p, nullptr));
+  p.initial_state_indices = a.copy(std::vector<int32_t>{3, 0});
+  expect_rejected(prefill(p, nullptr),
+                  "initial_state_indices: slot 0 is read by sequence 1 and written by sequence 0");
+}
+
+// Chunk states into rows of the state pool: their indices are copied and checked too (the
+// kernels may then answer kUnsupported, which is no rejection of the metadata).
+TEST(DebugChecks, PrefillChunkStateRows) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  DeviceArena a;
+  PrefillParams p = packed_prefill(a, {0, 4, 10}, {3, -1});
+  p.chunk_states = const_cast<void*>(p.initial_state), p.chunk_state_interval = 64;
+  p.stride_chunk_states_n = kStateElems, p.num_chunk_state_slots = 4, p.num_chunk_states = 2;
+  p.chunk_state_indices = a.copy(std::vector<int32_t>{1, 2});
+  expect_not_rejected(prefill(p, nullptr));
+  p.chunk_state_indices = a.copy(std::vector<int32_t>{1, 4});
+  expect_rejected(prefill(p, nullptr), "chunk_state_indices[1] = 4");
+  p.chunk_state_indices = a.copy(std::vector<int32_t>{2, 3});
+  expect_rejected(prefill(p, nullptr),
+                  "chunk_state_indices: slot 3 is written by sequences 0 and 1");
+}
+
 TEST(DebugChecks, DecodeValidMetadataPasses) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
   DeviceArena a;
