@@ -42,6 +42,9 @@ if [ "$run_tests" = 1 ]; then
   timeout 120 compute-sanitizer --tool memcheck --leak-check no "$stage/bin/prefill_gpu_test" \
     --gtest_filter='*many_short*:*tail_past_cu*:*pool_in_place*' >"$out/logs/memcheck_prefill.log" 2>&1
   echo "memcheck prefill rc=$? $(grep -E 'ERROR SUMMARY' "$out/logs/memcheck_prefill.log")" | tee -a "$summary"
+  timeout 120 compute-sanitizer --tool memcheck --leak-check no "$stage/bin/prefill_pool_gpu_test" \
+    --gtest_filter='*write_elsewhere*:*dense_float32*' >"$out/logs/memcheck_prefill_pool.log" 2>&1
+  echo "memcheck prefill pool rc=$? $(grep -E 'ERROR SUMMARY' "$out/logs/memcheck_prefill_pool.log")" | tee -a "$summary"
   timeout 120 compute-sanitizer --tool memcheck --leak-check no "$stage/bin/kdakit_decode_tests" \
     --gtest_filter='*padding*:*spec*' >"$out/logs/memcheck_decode.log" 2>&1
   echo "memcheck decode rc=$? $(grep -E 'ERROR SUMMARY' "$out/logs/memcheck_decode.log")" | tee -a "$summary"
@@ -54,6 +57,9 @@ if [ "$run_bench" = 1 ]; then
   python3 -m kdakit.bench.prefill --json "$out/prefill.json" --png "$out/prefill.png" "$@" \
     >"$out/logs/bench_prefill.log" 2>&1
   echo "bench prefill rc=$?" | tee -a "$summary"
+  python3 -m kdakit.bench.prefill --pool --json "$out/prefill_pool.json" \
+    >"$out/logs/bench_prefill_pool.log" 2>&1
+  echo "bench prefill pool rc=$?" | tee -a "$summary"
   python3 -m kdakit.bench.decode --json "$out/decode.json" >"$out/logs/bench_decode.log" 2>&1
   echo "bench decode rc=$?" | tee -a "$summary"
 fi

@@ -32,7 +32,7 @@ Shapes and dtypes:
 * state: ``[N, HV, V, K]`` (``state_layout="v_first"``, the serving layout) or
   ``[N, HV, K, V]`` (``"k_first"``, FLA's default); float32 or bfloat16.
 * cu_seqlens: ``[N + 1]``, int32 or int64; slot indices: int32 ``[N]`` (decode also
-  ``[N, 1 + S]``).
+  ``[N, 1 + S]``); chunk_state_indices: int32 ``[number of chunk states]``.
 
 Strides are free except that the last dim of q, k, v, g, o is contiguous and each state
 ``[HV, ...]`` is dense; q/k/v may be views into a fused projection buffer.

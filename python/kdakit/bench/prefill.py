@@ -18,6 +18,22 @@ Usage::
 ``--cases`` and ``--peer-cases`` keep cases whose name contains one of the comma-separated
 substrings; peers run only on ``--peer-cases`` (default: every selected case). FLA autotunes each
 new shape on its first call (up to a minute), hence ``--peer-cases``.
+
+``--pool`` (issue 7) times, on the packed cases H = 32 and H = 96, 1024x8 and mixed (fp32 V-first
+pool of 2N + 1 + entries slots, distinct random slots), each against prefill straight from the
+pool in place (``pool``, the row's kdakit time):
+
+* ``gather+scatter``: what vLLM does today: ``index_select`` the pool, prefill dense,
+  ``index_copy_`` the final states back (one graph);
+* ``dense``: the prefill alone on dense states (no pool traffic);
+* ``elsewhere``: read slot a, write slot b of the same pool (prefix caching);
+* ``chunks/1024``: pool in place plus one boundary state per 1024 tokens into a dense buffer
+  (target: under 5% over ``pool``);
+* ``rows/1024``: the same boundary states written into rows of the state pool
+  (``chunk_state_indices``; reported as not built while the kernels refuse it).
+
+Before timing, the pool variants are checked against gather+scatter on the same pool contents
+(``relL2 vs gather``). Usage: ``python -m kdakit.bench.prefill --pool [--cases H32] [--json f]``.
 """
 
 from __future__ import annotations
@@ -112,6 +128,147 @@ def _time(run, repeats: int) -> tuple[float | None, str]:
         return None, f"failed: {type(err).__name__}: {err}"
 
 
+# The packed shapes of the --pool mode, per head count.
+_POOL_SHAPES = ("1024x8", "mixed")
+_POOL_HEADS = (32, 96)
+_POOL_INTERVAL = 1024
+
+
+def _pool_cases() -> list:
+    """H32/H96 x 1024x8/mixed, the lengths of the TARGETS.md cases of those names."""
+    by_name = {c.name: c for c in testing.prefill_bench_cases()}
+    return [testing.PrefillCase(name=f"H{h}-{shape}-pool", seqlens=by_name[f"H96-{shape}"].seqlens,
+                                H=h)
+            for h in _POOL_HEADS for shape in _POOL_SHAPES]
+
+
+def _pool_variants(case, x) -> tuple[dict[str, Callable[[], Any]], Callable[[], None], Any, Any]:
+    """The timed callables of one --pool case, a function that restores the pool's starting
+    contents, the output buffer and the pool."""
+    import torch
+
+    import kdakit
+
+    N, HV, K, V = case.N, case.num_v_heads, case.K, case.V
+    entries = sum(-(-n // _POOL_INTERVAL) for n in case.seqlens)
+    slots = 2 * N + 1 + entries
+    gen = torch.Generator(device="cuda")
+    gen.manual_seed(0)
+    pool = 0.1 * torch.randn((slots, HV, V, K), device="cuda", generator=gen)
+    start = pool.clone()
+    perm = torch.randperm(2 * N + 1, device="cuda", generator=gen).to(torch.int32)
+    read, other = perm[:N].contiguous(), perm[N:2 * N].contiguous()
+    read_long = read.long()
+    rows = torch.arange(2 * N + 1, slots, dtype=torch.int32, device="cuda")  # entry e -> a slot
+    out = torch.empty((case.B, case.T, HV, V), dtype=torch.bfloat16, device="cuda")
+    dense_init = torch.empty((N, HV, V, K), device="cuda")
+    dense_final = torch.empty_like(dense_init)
+    chunks = torch.empty((entries, HV, V, K), device="cuda")
+    common = dict(gate=case.gate, A_log=x["A_log"], dt_bias=x["dt_bias"],
+                  lower_bound=LOWER_BOUND if case.gate == "lower_bound" else None,
+                  use_qk_l2norm=True, use_beta_sigmoid=True, cu_seqlens=x["cu_seqlens"],
+                  state_layout="v_first")
+    args = (x["q"], x["k"], x["v"], x["g"], x["beta"])
+    in_place = dict(initial_state=pool, initial_state_indices=read, final_state=pool,
+                    final_state_indices=read)
+    configs = {
+        "pool": in_place,
+        "dense": dict(initial_state=dense_init, final_state=dense_final),
+        "elsewhere": dict(in_place, final_state_indices=other),
+        f"chunks/{_POOL_INTERVAL}": dict(in_place, chunk_state_interval=_POOL_INTERVAL,
+                                         chunk_states=chunks),
+        f"rows/{_POOL_INTERVAL}": dict(in_place, chunk_state_interval=_POOL_INTERVAL,
+                                       chunk_states=pool, chunk_state_indices=rows),
+    }
+
+    def prefill_with(kw):
+        nbytes = kdakit.prefill_workspace_size(*args, **common, **kw)
+        ws = torch.empty(max(int(nbytes), 1), dtype=torch.uint8, device="cuda")
+        return lambda: kdakit.prefill(*args, **common, **kw, workspace=ws, out=out)
+
+    runs = {name: prefill_with(kw) for name, kw in configs.items()}
+    dense = runs["dense"]
+
+    def gather_scatter():
+        torch.index_select(pool, 0, read_long, out=dense_init)
+        dense()
+        pool.index_copy_(0, read_long, dense_final)
+
+    runs["gather+scatter"] = gather_scatter
+
+    def restore():
+        pool.copy_(start)
+
+    return runs, restore, out, pool, (read_long, other.long())
+
+
+def pool_main(args) -> int:
+    """The --pool mode: pool-indexed prefill against gather + prefill + scatter, and the cost
+    of boundary states (see the module docstring)."""
+    import torch
+
+    peers = ["gather+scatter", "dense", "elsewhere", f"chunks/{_POOL_INTERVAL}",
+             f"rows/{_POOL_INTERVAL}"]
+    rows = []
+    for case in _select(_pool_cases(), args.cases):
+        x = testing.prefill_inputs(case, lib="torch", device="cuda", seed=0)
+        runs, restore, out, pool, (read, other) = _pool_variants(case, x)
+        row = testing.Row(case=case.name, kdakit_ms=None,
+                          repro=testing.repro_command("kdakit.bench.prefill", "--pool", "--cases",
+                                                      case.name))
+        notes = []
+        # NOTE: one step of each from the same pool contents, checked before anything is timed.
+        restore()
+        runs["gather+scatter"]()
+        torch.cuda.synchronize()
+        want_o, want_pool = out.float().cpu(), pool.clone().cpu()
+        for name in ("pool", "elsewhere", f"chunks/{_POOL_INTERVAL}", f"rows/{_POOL_INTERVAL}"):
+            restore()
+            try:
+                runs[name]()
+            except NotImplementedError as err:
+                runs.pop(name)
+                notes.append(f"{name}: not built ({str(err).split(';')[0]})")
+                continue
+            torch.cuda.synchronize()
+            written = other if name == "elsewhere" else read
+            err_o = testing.rel_l2(out.float().cpu(), want_o)
+            err_pool = testing.rel_l2(pool[written].cpu(), want_pool[read.cpu()])
+            row.metrics[f"relL2 {name}"] = max(err_o, err_pool)
+        for name in ["pool"] + peers:
+            if name not in runs:
+                row.peers_ms[name] = None
+                continue
+            restore()
+            ms, how = _time(runs[name], args.repeats)
+            if how != "graph":
+                notes.append(f"{name} {how}")
+            if name == "pool":
+                row.kdakit_ms = ms
+            else:
+                row.peers_ms[name] = ms
+        chunk_ms = row.peers_ms.get(f"chunks/{_POOL_INTERVAL}")
+        if chunk_ms is not None and row.kdakit_ms:
+            row.metrics["chunk cost %"] = 100.0 * (chunk_ms - row.kdakit_ms) / row.kdakit_ms
+        rows.append(row)
+        print(f"{case.name:<18} {case.label():<40} pool {row.kdakit_ms} ms  "
+              + "  ".join(f"{n} {row.peers_ms.get(n)}" for n in peers)
+              + (f"  ({'; '.join(notes)})" if notes else ""), flush=True)
+        del x, runs
+        testing.cooldown(args.cooldown)
+
+    print()
+    testing.print_table(rows, peers, title=(
+        f"kdakit prefill from a state pool on {torch.cuda.get_device_name()} (ms, median; "
+        f"xName = that variant's time / pool time; chunk cost = boundary states every "
+        f"{_POOL_INTERVAL} tokens, target < 5%)"))
+    meta = {"device": torch.cuda.get_device_name(), "mode": "pool",
+            "interval": _POOL_INTERVAL, "argv": sys.argv[1:]}
+    if args.json:
+        print("json:", testing.write_json(args.json, rows, meta))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m kdakit.bench.prefill", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -124,12 +281,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cooldown", type=float, default=0.3, help="seconds between cases")
     ap.add_argument("--json", default="", help="write the rows here")
     ap.add_argument("--png", default="", help="write a bar plot here (needs matplotlib)")
+    ap.add_argument("--pool", action="store_true",
+                    help="time prefill from a state pool against gather + prefill + scatter, "
+                         "and the cost of boundary states (issue 7)")
     args = ap.parse_args(argv)
 
     ok, why = testing.cuda_available()
     if not ok:
         print(f"kdakit.bench.prefill: needs a CUDA GPU ({why})")
         return 0
+    if args.pool:
+        return pool_main(args)
     import torch
 
     wanted = {p for p in args.peers.split(",") if p and p != "none"}
