@@ -203,7 +203,8 @@ def chunk_kda(
                 "(they are one option; pass either)")
         return_intermediate_states = alias
     if pooled and initial_state is None:
-        raise ValueError("initial_state: required with initial_state_indices (it is the state pool)")
+        raise ValueError(
+            "initial_state: required with initial_state_indices (it is the state pool)")
     if final_state_indices is not None and not pooled:
         raise ValueError(
             "final_state_indices: only read together with initial_state_indices (a state pool)")
