@@ -36,12 +36,25 @@ if [ "$run_tests" = 1 ]; then
     echo "gtest $name rc=$? $(grep -E '^\[  (PASSED|FAILED|SKIPPED) ' "$out/logs/$name.log" | tr -s ' ' | tr '\n' ' ')" | tee -a "$summary"
     grep -E '^\[  FAILED  \].*\(' "$out/logs/$name.log" | head -5
   done
+  # The fused kernel with two consumer warpgroups on the small cases too (the heuristic picks
+  # one below 66 (sequence, head) pairs), and the two-kernel path.
+  KDAKIT_FUSED_CONSUMERS=2 timeout 300 "$stage/bin/prefill_gpu_test" --gtest_brief=1 \
+    >"$out/logs/prefill_gpu_test_c2.log" 2>&1
+  echo "gtest prefill_gpu_test[fused c2] rc=$? $(grep -E '^\[  (PASSED|FAILED|SKIPPED) ' "$out/logs/prefill_gpu_test_c2.log" | tr -s ' ' | tr '\n' ' ')" | tee -a "$summary"
+  KDAKIT_PREFILL_PATH=chunked timeout 300 "$stage/bin/prefill_gpu_test" --gtest_brief=1 \
+    >"$out/logs/prefill_gpu_test_chunked.log" 2>&1
+  echo "gtest prefill_gpu_test[chunked] rc=$? $(grep -E '^\[  (PASSED|FAILED|SKIPPED) ' "$out/logs/prefill_gpu_test_chunked.log" | tr -s ' ' | tr '\n' ' ')" | tee -a "$summary"
   timeout 300 python3 -m pytest -q -p no:cacheprovider tests/python >"$out/logs/pytest.log" 2>&1
   echo "pytest rc=$? $(tail -1 "$out/logs/pytest.log")" | tee -a "$summary"
   grep -E '^FAILED' "$out/logs/pytest.log" | head -5
   timeout 120 compute-sanitizer --tool memcheck --leak-check no "$stage/bin/prefill_gpu_test" \
     --gtest_filter='*many_short*:*tail_past_cu*:*pool_in_place*' >"$out/logs/memcheck_prefill.log" 2>&1
   echo "memcheck prefill rc=$? $(grep -E 'ERROR SUMMARY' "$out/logs/memcheck_prefill.log")" | tee -a "$summary"
+  for tool in memcheck racecheck synccheck; do
+    timeout 180 compute-sanitizer --tool $tool "$stage/bin/prefill_gpu_test" \
+      --gtest_filter='*long_packed_softplus*:*many_short*:*strided*' >"$out/logs/${tool}_fused.log" 2>&1
+    echo "$tool fused rc=$? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$out/logs/${tool}_fused.log" | tr '\n' ' ')" | tee -a "$summary"
+  done
   timeout 120 compute-sanitizer --tool memcheck --leak-check no "$stage/bin/kdakit_decode_tests" \
     --gtest_filter='*padding*:*spec*' >"$out/logs/memcheck_decode.log" 2>&1
   echo "memcheck decode rc=$? $(grep -E 'ERROR SUMMARY' "$out/logs/memcheck_decode.log")" | tee -a "$summary"

@@ -1,8 +1,13 @@
 // The sm_90a prefill dispatcher: checks that a kernel is built for the call's shape and dtypes,
-// then runs, on one stream, plan (chunk map from cu_seqlens) -> prep (per-chunk blocks, token
-// parallel) -> recurrence (chunk-serial state passing), or the token-serial kernel for batches
-// of very short sequences. The one place where runtime values turn into template arguments of
-// the recurrence kernel (value rows per CTA). KDAKIT_PRINT_CONFIGS=1 prints the choice.
+// then runs, on one stream, one of three paths:
+//   fused     plan (sequence map from cu_seqlens) -> the fused kernel (preparation and
+//             recurrence in one CTA, no workspace round trip); the default wherever it applies
+//   chunked   plan -> prep (per-chunk blocks, token parallel) -> recurrence (chunk-serial)
+//   token-serial  decode's kernel, for batches of very short sequences the others do not take
+// The one place where runtime values turn into template arguments of the prefill kernels
+// (gate, consumer warpgroups, value rows per CTA). KDAKIT_PRINT_CONFIGS=1 prints the choice;
+// KDAKIT_PREFILL_PATH=fused|chunked|token_serial forces a path and KDAKIT_FUSED_CONSUMERS=1|2
+// the fused kernel's warpgroups (tests, benchmarks).
 #include "cuda/sm90/prefill/dispatch.h"
 
 #include <cuda_runtime.h>
@@ -10,8 +15,10 @@
 #include <cstdio>
 #include <cstdlib>
 #include <string>
+#include <type_traits>
 
 #include "cuda/sm90/decode/dispatch.h"
+#include "cuda/sm90/prefill/fused/launch.h"
 #include "cuda/sm90/prefill/prep/launch.h"
 #include "cuda/sm90/prefill/recurrence/launch.h"
 #include "cuda/sm90/prefill/workspace.h"
@@ -51,9 +58,49 @@ bool prefer_token_serial(const PrefillParams& p) {
   return tokens <= kTokenSerialMaxAverageLength * p.num_seqs;
 }
 
+// The forced path from KDAKIT_PREFILL_PATH (read once), or set_prefill_path's override.
+PrefillPath forced_path_env() {
+  static const PrefillPath path = [] {
+    const char* env = std::getenv("KDAKIT_PREFILL_PATH");
+    if (env == nullptr) return PrefillPath::kAuto;
+    const std::string v(env);
+    if (v == "fused") return PrefillPath::kFused;
+    if (v == "chunked") return PrefillPath::kChunked;
+    if (v == "token_serial") return PrefillPath::kTokenSerial;
+    return PrefillPath::kAuto;
+  }();
+  return path;
+}
+PrefillPath path_override = PrefillPath::kAuto;
+
+// KDAKIT_FUSED_CONSUMERS=1|2 forces the fused kernel's consumer warpgroups per CTA (tests run
+// both variants on small cases); 0 = the heuristic.
+int fused_consumers_override() {
+  static const int v = [] {
+    const char* env = std::getenv("KDAKIT_FUSED_CONSUMERS");
+    return env != nullptr && (env[0] == '1' || env[0] == '2') && env[1] == '\0' ? env[0] - '0' : 0;
+  }();
+  return v;
+}
+
+PrefillPath forced_path() { return path_override != PrefillPath::kAuto ? path_override : forced_path_env(); }
+
+// The chunked kernels this call takes: fused where it applies (and is not overridden), else
+// the two-kernel path.
+bool use_fused(const PrefillParams& p) {
+  const PrefillPath f = forced_path();
+  return (f == PrefillPath::kAuto || f == PrefillPath::kFused) && prefill::fused_unsupported(p).empty();
+}
+
 }  // namespace
 
-size_t prefill_workspace_size(const PrefillParams& p) { return plan_for(p).total_bytes; }
+void set_prefill_path(PrefillPath path) { path_override = path; }
+
+size_t prefill_workspace_size(const PrefillParams& p) {
+  const prefill::WorkspacePlan plan = plan_for(p);
+  // NOTE: the fused path reads only the plan region; the chunk blocks are the two-kernel path's.
+  return use_fused(p) ? plan.chunk_blocks_offset : plan.total_bytes;
+}
 
 Status run_prefill(const PrefillParams& p, cudaStream_t stream) {
   // ---- what the chunked kernels support
@@ -67,7 +114,38 @@ Status run_prefill(const PrefillParams& p, cudaStream_t stream) {
   if (p.num_seqs == 0) return Status::Ok();
 
   const bool print = std::getenv("KDAKIT_PRINT_CONFIGS") != nullptr;
-  if (prefer_token_serial(p)) {
+  const PrefillPath forced = forced_path();
+  const prefill::WorkspacePlan plan = plan_for(p);
+  if (use_fused(p)) {
+    const size_t need = plan.chunk_blocks_offset;
+    if (p.workspace == nullptr || p.workspace_bytes < need)
+      return Status(StatusCode::kInvalidArgument, "workspace: expected at least " + std::to_string(need) +
+                                                      " bytes, got " + std::to_string(p.workspace_bytes));
+    Status st = prefill::launch_prefill_plan(p, plan, p.workspace, stream);
+    if (!st.ok()) return st;
+    const int consumers = fused_consumers_override() != 0 ? fused_consumers_override()
+                                                          : prefill::fused_consumers(p.num_seqs, p.num_v_heads,
+                                                                                     current_num_sms());
+    if (print)
+      std::fprintf(stderr, "kdakit prefill: N=%lld HV=%d fused path, %d consumer warpgroup(s) per CTA\n",
+                   (long long)p.num_seqs, p.num_v_heads, consumers);
+    auto launch = [&](auto gate) -> Status {
+      constexpr GateMode kGate = decltype(gate)::value;
+      return consumers == 2 ? prefill::launch_prefill_fused<kGate, 2>(p, plan, p.workspace, stream)
+                            : prefill::launch_prefill_fused<kGate, 1>(p, plan, p.workspace, stream);
+    };
+    switch (p.gate) {
+      case GateMode::kPrecomputed: return launch(std::integral_constant<GateMode, GateMode::kPrecomputed>{});
+      case GateMode::kSoftplus: return launch(std::integral_constant<GateMode, GateMode::kSoftplus>{});
+      case GateMode::kLowerBound: return launch(std::integral_constant<GateMode, GateMode::kLowerBound>{});
+    }
+    return Status(StatusCode::kInvalidArgument, "prefill: gate must be precomputed, softplus or lower_bound, got " +
+                                                    std::to_string(int(p.gate)));
+  }
+  if (forced == PrefillPath::kFused)
+    return unsupported("the fused path (KDAKIT_PREFILL_PATH=fused) does not take this call: " +
+                       prefill::fused_unsupported(p));
+  if (forced == PrefillPath::kTokenSerial || (forced == PrefillPath::kAuto && prefer_token_serial(p))) {
     const Status st = run_recurrent_prefill(p, stream);
     if (print)
       std::fprintf(stderr, "kdakit prefill: N=%lld T=%lld token-serial path (%s)\n", (long long)p.num_seqs,
@@ -76,7 +154,6 @@ Status run_prefill(const PrefillParams& p, cudaStream_t stream) {
     if (st.code() != StatusCode::kUnsupported) return st;
   }
 
-  const prefill::WorkspacePlan plan = plan_for(p);
   if (p.workspace == nullptr || p.workspace_bytes < plan.total_bytes)
     return Status(StatusCode::kInvalidArgument, "workspace: expected at least " + std::to_string(plan.total_bytes) +
                                                     " bytes, got " + std::to_string(p.workspace_bytes));
