@@ -68,10 +68,18 @@ class PrefillPlan(NamedTuple):
             )
 
 
+def _is_int(value: Any) -> bool:
+    """An int, or a torch.SymInt (a size traced by torch.compile with dynamic shapes)."""
+    if isinstance(value, bool):
+        return False
+    torch = _arrays._torch()
+    return isinstance(value, int) or (torch is not None and isinstance(value, torch.SymInt))
+
+
 def _check_sizes(num_tokens: int, num_seqs: int, batch: int, num_v_heads: int, packed: bool):
     for name, value in (("num_tokens", num_tokens), ("num_v_heads", num_v_heads),
                         ("num_seqs", num_seqs), ("batch", batch)):
-        if not isinstance(value, int) or isinstance(value, bool):
+        if not _is_int(value):
             raise TypeError(f"{name}: expected an int, got {type(value).__name__}")
     if num_tokens < 0:
         raise ValueError(f"num_tokens: expected a token count T >= 0, got {num_tokens}")
@@ -115,6 +123,9 @@ def prefill_plan(cu_seqlens=None, *, num_tokens: int, num_v_heads: int, batch: i
       step, as CUDA-graph capture needs (torch's graph pool also serves an allocation).
     * ``device``: where to allocate the workspace when neither cu_seqlens nor workspace says.
     * ``stream``: a ``torch.cuda.Stream`` or ``cudaStream_t`` int; default the current stream.
+
+    Inside torch.compile (fullgraph) pass ``workspace``: sizing one is a call into the
+    extension, which the compiler cannot trace.
 
     Returns a PrefillPlan. CPU ``cu_seqlens`` (or ``device="cpu"``) give a plan without a
     workspace that the CPU backend accepts and ignores.

@@ -166,3 +166,21 @@ def test_compile_fullgraph_native_prefill_then_decode(dynamic):
     assert not torch.equal(pool_compiled, pool)
     for a, b in zip(eager, compiled):
         assert torch.equal(a, b)
+
+
+def _step_with_plan(q, k, v, g, beta, h0, cu, A_log, dt_bias):
+    """The plan built inside the compiled region, from the traced token count."""
+    plan = kdakit.prefill_plan(cu, num_tokens=q.shape[1], num_v_heads=v.shape[2])
+    return _prefill_step(q, k, v, g, beta, h0, cu, A_log, dt_bias, plan)
+
+
+def test_compile_fullgraph_plan_inside_the_step_dynamic_shapes():
+    torch._dynamo.reset()
+    step = torch.compile(_step_with_plan, fullgraph=True, backend="aot_eager", dynamic=True)
+    for lengths in ((40, 0, 71), (5, 90, 7, 1)):  # two batch shapes, one compiled graph
+        case = PREFILL_CASE.with_(seqlens=lengths)
+        x = testing.prefill_inputs(case, lib="torch")
+        args = (x["q"], x["k"], x["v"], x["g"], x["beta"], x["initial_state"], x["cu_seqlens"],
+                x["A_log"], x["dt_bias"])
+        for a, b in zip(_step_with_plan(*args), step(*args)):
+            assert torch.equal(a, b), f"lengths {lengths}: compiled differs from eager"

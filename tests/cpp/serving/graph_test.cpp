@@ -237,6 +237,7 @@ TEST_P(PlanKernel, MatchesHostMirror) {
   got.seq_start.resize(size_t(p.num_seqs));
   got.seq_len.resize(size_t(p.num_seqs));
   auto fetch = [&](auto& v, size_t offset) {
+    if (v.empty()) return;  // e.g. chunk_seq of a batch without tokens
     ASSERT_EQ(cudaMemcpyAsync(v.data(), base + offset, v.size() * sizeof(v[0]),
                               cudaMemcpyDeviceToHost, stream.s),
               cudaSuccess);
