@@ -67,6 +67,9 @@ if [ "$run_bench" = 1 ]; then
   python3 -m kdakit.bench.prefill --json "$out/prefill.json" --png "$out/prefill.png" "$@" \
     >"$out/logs/bench_prefill.log" 2>&1
   echo "bench prefill rc=$?" | tee -a "$summary"
+  python3 -m kdakit.bench.prefill --plan-compare --json "$out/plan_compare.json" \
+    >"$out/logs/bench_plan_compare.log" 2>&1
+  echo "bench plan-compare rc=$?" | tee -a "$summary"
   python3 -m kdakit.bench.decode --json "$out/decode.json" >"$out/logs/bench_decode.log" 2>&1
   echo "bench decode rc=$?" | tee -a "$summary"
 fi
@@ -74,5 +77,6 @@ tar -C "$out" -czf "$out/logs.tar.gz" logs
 # Triton's autotuning cache (FLA), to carry into a later run.
 [ -d "$HOME/.triton/cache" ] && tar -C "$HOME/.triton" -czf "$out/triton-cache.tar.gz" cache
 echo "=== prefill"; tail -30 "$out/logs/bench_prefill.log" 2>/dev/null
+echo "=== plan once vs per call"; tail -8 "$out/logs/bench_plan_compare.log" 2>/dev/null
 echo "=== decode"; tail -30 "$out/logs/bench_decode.log" 2>/dev/null
 echo "=== summary"; cat "$summary"

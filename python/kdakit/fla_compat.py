@@ -150,7 +150,10 @@ def chunk_kda(
         cu_seqlens_cpu: the same offsets on the host; used to size ``h`` without a device read.
         cp_context: context parallelism is not supported (NotImplementedError).
         **kwargs: ``A_log``, ``dt_bias``, ``chunk_size`` (32 or 64, default 64),
-            ``transpose_state_layout`` (deprecated alias of ``state_v_first``).
+            ``transpose_state_layout`` (deprecated alias of ``state_v_first``), and kdakit's
+            ``plan``: a ``kdakit.PrefillPlan`` built once per forward step by
+            ``kdakit.prefill_plan(cu_seqlens, num_tokens=T, num_v_heads=HV)`` and passed to
+            every layer, which then skips building the per-batch metadata (kdakit.plan).
 
     Returns:
         ``(o, final_state)``, or ``(o, final_state, h)`` with ``return_intermediate_states``;
@@ -160,7 +163,7 @@ def chunk_kda(
     chunked CPU backend (the GPU algorithm in C++).
     """
     state_v_first = _state_v_first(state_v_first, kwargs)
-    _reject_unknown("chunk_kda", kwargs, ("A_log", "dt_bias", "chunk_size"))
+    _reject_unknown("chunk_kda", kwargs, ("A_log", "dt_bias", "chunk_size", "plan"))
     if cp_context is not None:
         raise NotImplementedError("cp_context: context parallelism is not supported by kdakit")
     chunk_size = kwargs.get("chunk_size", 64)
@@ -190,7 +193,7 @@ def chunk_kda(
         initial_state=initial_state, output_final_state=output_final_state,
         state_layout="v_first" if state_v_first else "k_first", state_dtype="float32",
         chunk_state_interval=64 if return_intermediate_states else 0,
-        backend="auto" if kind.is_cuda else "chunked",
+        plan=kwargs.get("plan"), backend="auto" if kind.is_cuda else "chunked",
     )
     if not return_intermediate_states:
         return o, final_state

@@ -1,5 +1,6 @@
 // kdakit::prefill: validate -> workspace check -> (debug-mode metadata check) -> sm_90a
-// dispatch. The run path reads no device memory on the host and allocates nothing.
+// dispatch. The run path reads no device memory on the host and allocates nothing. The
+// workspace size and the plan step live in plan.cpp.
 #include "api/check.h"
 #include "kdakit/kdakit.h"
 
@@ -15,18 +16,6 @@ bool built_with_cuda() {
   return true;
 #else
   return false;
-#endif
-}
-
-// NOTE: invalid params size no workspace (0 bytes): the sizes may be negative or absurd, and
-// the prefill call that follows reports the validation error.
-size_t prefill_workspace_size(const PrefillParams& p) {
-#if KDAKIT_WITH_CUDA
-  if (!validate(p).ok()) return 0;
-  return sm90::prefill_workspace_size(p);
-#else
-  (void)p;
-  return 0;
 #endif
 }
 

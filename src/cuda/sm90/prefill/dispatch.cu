@@ -158,7 +158,8 @@ Status run_prefill(const PrefillParams& p, cudaStream_t stream) {
     return Status(StatusCode::kInvalidArgument, "workspace: expected at least " + std::to_string(plan.total_bytes) +
                                                     " bytes, got " + std::to_string(p.workspace_bytes));
 
-  Status st = prefill::launch_prefill_plan(p, plan, p.workspace, stream);
+  // NOTE: with plan_ready the plan region already holds this batch's plan (kdakit::prefill_plan).
+  Status st = p.plan_ready ? Status::Ok() : prefill::launch_prefill_plan(p, plan, p.workspace, stream);
   if (!st.ok()) return st;
   st = prefill::launch_prefill_prep(p, plan, p.workspace, stream);
   if (!st.ok()) return st;
