@@ -96,10 +96,17 @@ bool use_fused(const PrefillParams& p) {
 
 void set_prefill_path(PrefillPath path) { path_override = path; }
 
+// NOTE: the fused path reads only the plan region; the chunk blocks (90 KB per chunk and head)
+// are the two-kernel path's. Sized from the batch fields alone (no tensors, head dims unset:
+// prefill_plan, engines sizing one buffer for their largest batch), the answer is the fused
+// path's, the one every supported call with 16-byte aligned rows takes; a call that then needs
+// the two-kernel path (misaligned views, or KDAKIT_PREFILL_PATH=chunked) reports the size it
+// needs (query with its tensors).
 size_t prefill_workspace_size(const PrefillParams& p) {
   const prefill::WorkspacePlan plan = plan_for(p);
-  // NOTE: the fused path reads only the plan region; the chunk blocks are the two-kernel path's.
-  return use_fused(p) ? plan.chunk_blocks_offset : plan.total_bytes;
+  const bool batch_only = p.q == nullptr && p.head_dim_k == 0;
+  if (forced_path() == PrefillPath::kChunked) return plan.total_bytes;
+  return batch_only || use_fused(p) ? plan.chunk_blocks_offset : plan.total_bytes;
 }
 
 Status run_prefill(const PrefillParams& p, cudaStream_t stream) {
@@ -121,7 +128,8 @@ Status run_prefill(const PrefillParams& p, cudaStream_t stream) {
     if (p.workspace == nullptr || p.workspace_bytes < need)
       return Status(StatusCode::kInvalidArgument, "workspace: expected at least " + std::to_string(need) +
                                                       " bytes, got " + std::to_string(p.workspace_bytes));
-    Status st = prefill::launch_prefill_plan(p, plan, p.workspace, stream);
+    // NOTE: with plan_ready the plan region already holds this batch's plan (kdakit::prefill_plan).
+    Status st = p.plan_ready ? Status::Ok() : prefill::launch_prefill_plan(p, plan, p.workspace, stream);
     if (!st.ok()) return st;
     const int consumers = fused_consumers_override() != 0 ? fused_consumers_override()
                                                           : prefill::fused_consumers(p.num_seqs, p.num_v_heads,
@@ -155,8 +163,13 @@ Status run_prefill(const PrefillParams& p, cudaStream_t stream) {
   }
 
   if (p.workspace == nullptr || p.workspace_bytes < plan.total_bytes)
-    return Status(StatusCode::kInvalidArgument, "workspace: expected at least " + std::to_string(plan.total_bytes) +
-                                                    " bytes, got " + std::to_string(p.workspace_bytes));
+    return Status(StatusCode::kInvalidArgument,
+                  "workspace: expected at least " + std::to_string(plan.total_bytes) + " bytes, got " +
+                      std::to_string(p.workspace_bytes) + " (this call takes the two-kernel path" +
+                      (forced == PrefillPath::kChunked ? std::string(": KDAKIT_PREFILL_PATH=chunked")
+                                                       : ", the fused kernel does not take " +
+                                                             prefill::fused_unsupported(p)) +
+                      "; size the workspace with prefill_workspace_size of this call's tensors)");
 
   // NOTE: with plan_ready the plan region already holds this batch's plan (kdakit::prefill_plan).
   Status st = p.plan_ready ? Status::Ok() : prefill::launch_prefill_plan(p, plan, p.workspace, stream);

@@ -188,22 +188,9 @@ __global__ void __launch_bounds__(Config<kConsumers>::kThreads, 1)
   uint64_t* bars = reinterpret_cast<uint64_t*>(smem + Smem::kBarrierOffset);
   const uint32_t sbase = ptx::smem_addr(smem);
 
-  const int64_t cta = blockIdx.x;
-  const int z = int(cta % Cfg::kSlices);
-  const int h = int((cta / Cfg::kSlices) % p.num_v_heads);
-  const int n = int(cta / Cfg::kSlices / p.num_v_heads);
-  const int hk = h / p.v_heads_per_qk_head;
-  const int v0 = z * Cfg::kValueRows;
   // NOTE: read through a shuffle so that the compiler knows the role is warp-uniform (wgmma
   // in a path it cannot prove uniform gets serialized).
   const int wg = __shfl_sync(0xffffffffu, int(threadIdx.x / kWarpGroup), 0);
-  const int lane = threadIdx.x % 32;
-  const int g = lane / 4, t = lane % 4;
-
-  const int seq_len = max(p.seq_len[n], 0);
-  const int64_t seq_start = p.seq_start[n];
-  const int num_chunks = (seq_len + kChunk - 1) / kChunk;
-  const int brow = p.packed ? 0 : n;
 
   if (threadIdx.x == 0) {
     ptx::mbarrier_init(&bars[kRawFull], 1);
@@ -230,10 +217,26 @@ __global__ void __launch_bounds__(Config<kConsumers>::kThreads, 1)
   }
   __syncthreads();
 
+  // NOTE: the CTA's coordinates are read after the barrier, separately by each role: values
+  // computed before the role branch stay live in both and pushed the consumers past their
+  // registers.
+  const int64_t cta = blockIdx.x;
+  const int z = int(cta % Cfg::kSlices);
+  const int h = int((cta / Cfg::kSlices) % p.num_v_heads);
+  const int n = int(cta / Cfg::kSlices / p.num_v_heads);
+  const int v0 = z * Cfg::kValueRows;
+  const int lane = threadIdx.x % 32;
+  const int g = lane / 4, t = lane % 4;
+  const int seq_len = max(p.seq_len[n], 0);
+  const int64_t seq_start = p.seq_start[n];
+  const int num_chunks = (seq_len + kChunk - 1) / kChunk;
+  const int brow = p.packed ? 0 : n;
+
   if (wg == 0) {
     // ======================================== producer ========================================
     if constexpr (kConsumers == 2) ptx::setmaxnreg_dec<Cfg::kProducerRegs>();
     if (num_chunks == 0) return;
+    const int hk = h / p.v_heads_per_qk_head;
     const int ptid = threadIdx.x;  // 0..127
     const int R = ptid / 32;       // warp = row sub-block of phases B..E
     const uint32_t q_raw = sbase + Smem::kQRawOffset, k_raw = sbase + Smem::kKRawOffset;
@@ -479,8 +482,10 @@ __global__ void __launch_bounds__(Config<kConsumers>::kThreads, 1)
         }
         ptx::stmatrix_x4(tile_addr(qt_buf, st_row, 2 * kk + (lane >> 4)), qt[0], qt[1], qt[2], qt[3]);
         ptx::stmatrix_x4(tile_addr(w_buf, st_row, 2 * kk + (lane >> 4)), kt[0], kt[1], kt[2], kt[3]);
+        // NOTE: the diagonal tile first (S = R, then down to 0): its factors xd are dead before
+        // the off-diagonal tiles, which keeps the producer within its registers.
 #pragma unroll
-        for (int S = 0; S < kSubBlocks; ++S) {
+        for (int S = kSubBlocks - 1; S >= 0; --S) {
           if (S > R) continue;
           uint32_t aL[4], aM[4];
           if (S == R) {
