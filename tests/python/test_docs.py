@@ -5,6 +5,8 @@ can run). Skipped without torch, which the examples use."""
 from __future__ import annotations
 
 import re
+import sys
+import types
 from pathlib import Path
 
 import pytest
@@ -24,8 +26,12 @@ def test_the_guide_has_examples():
     assert len(_blocks()) >= 4
 
 
-def test_serving_guide_examples_run():
-    namespace: dict = {"__name__": "serving_guide"}
+def test_serving_guide_examples_run(monkeypatch):
+    # NOTE: a real module in sys.modules: torch.compile (dynamo) imports the globals' module by
+    # name, which a bare dict namespace does not have (torch 2.11 raised ModuleNotFoundError).
+    module = types.ModuleType("serving_guide")
+    monkeypatch.setitem(sys.modules, "serving_guide", module)
+    namespace = module.__dict__
     on_gpu = cuda_available()[0]
     ran = 0
     for i, block in enumerate(_blocks()):

@@ -139,8 +139,9 @@ Status run_prefill(const PrefillParams& p, cudaStream_t stream) {
                    (long long)p.num_seqs, p.num_v_heads, consumers);
     auto launch = [&](auto gate) -> Status {
       constexpr GateMode kGate = decltype(gate)::value;
-      return consumers == 2 ? prefill::launch_prefill_fused<kGate, 2>(p, plan, p.workspace, stream)
-                            : prefill::launch_prefill_fused<kGate, 1>(p, plan, p.workspace, stream);
+      const int sms = current_num_sms();
+      return consumers == 2 ? prefill::launch_prefill_fused<kGate, 2>(p, plan, p.workspace, sms, stream)
+                            : prefill::launch_prefill_fused<kGate, 1>(p, plan, p.workspace, sms, stream);
     };
     switch (p.gate) {
       case GateMode::kPrecomputed: return launch(std::integral_constant<GateMode, GateMode::kPrecomputed>{});

@@ -94,7 +94,9 @@ struct SharedMemoryPlan {
   static constexpr size_t kHFacOffset = kPFacOffset + kVecBytes;
   static constexpr size_t kGFacOffset = kHFacOffset + kVecBytes;
   static constexpr size_t kWideOffset = kGFacOffset + 6 * kHeadDim * 4;  // uint32 [4 sub-blocks][4]
-  static constexpr size_t kBarrierOffset = kWideOffset + kSubBlocks * 4 * 4;
+  static constexpr size_t kItemOffset = kWideOffset + kSubBlocks * 4 * 4;  // item records: consumers, producer
+  static constexpr size_t kItemBytes = 3 * 48;
+  static constexpr size_t kBarrierOffset = kItemOffset + kItemBytes;
   static constexpr int kNumBarriers = 13;
   static constexpr size_t kBytes = kBarrierOffset + kNumBarriers * 8;
   // Dynamic shared memory is only 16-byte aligned: the kernel rounds its base up to 1024.

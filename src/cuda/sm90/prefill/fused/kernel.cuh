@@ -176,6 +176,58 @@ __device__ __forceinline__ uint64_t desc_mn(uint32_t base, int kk) {  // K = row
   return ptx::smem_desc(base + uint32_t(kk) * 2048u, uint32_t(SharedMemoryPlan::kHalf), 1024);
 }
 
+// ---- work items -------------------------------------------------------------------------------
+// A work item is one (sequence n, value head h, value slice z), z fastest; CTA b takes items
+// b, b + gridDim.x, ... (a persistent grid: the producer prepares the next item's first chunk
+// while the consumers finish the last one's).
+struct Item {
+  int n, h, z;
+  int len;        // tokens (0 for an empty sequence)
+  int chunks;     // ceil(len / 64)
+  int brow;       // batch row of the tensors (0 when packed)
+  int64_t start;  // first token within the row
+};
+// A warpgroup's copy of its current item (shared memory, see the consumer loop; the producer
+// uses o_off for the first token, n for the batch row, len and h).
+struct ItemRecord {
+  int64_t o_off;    // element offset of the warpgroup's first value channel of token 0 in o
+  int64_t cs_base;  // first chunk-state entry of the sequence
+  int len, chunks, n, h, vbase, pad;
+};
+template <class T>
+__device__ __forceinline__ T vld(const T* ptr) {
+  return *static_cast<const volatile T*>(ptr);
+}
+template <int kSlices>
+__device__ __forceinline__ Item item_at(const KernelParams& p, int item) {
+  Item it;
+  it.z = item % kSlices;
+  it.h = (item / kSlices) % p.num_v_heads;
+  it.n = item / kSlices / p.num_v_heads;
+  it.len = max(p.seq_len[it.n], 0);
+  it.chunks = (it.len + kChunk - 1) / kChunk;
+  it.brow = p.packed ? 0 : it.n;
+  it.start = p.seq_start[it.n];
+  return it;
+}
+// The chunk processed after chunk j of item `item` (by this CTA): chunk j + 1, or chunk 0 of the
+// next item with tokens; ok = false past the last.
+struct NextChunk {
+  bool ok;
+  int j;
+  Item it;
+};
+template <int kSlices>
+__device__ __forceinline__ NextChunk next_chunk(const KernelParams& p, int num_items, int item, const Item& it,
+                                                int j) {
+  if (j + 1 < it.chunks) return {true, j + 1, it};
+  for (int i = item + int(gridDim.x); i < num_items; i += int(gridDim.x)) {
+    const Item nx = item_at<kSlices>(p, i);
+    if (nx.chunks > 0) return {true, 0, nx};
+  }
+  return {false, 0, it};
+}
+
 // ---- the kernel ---------------------------------------------------------------------------------
 template <GateMode kGate, int kConsumers>
 __global__ void __launch_bounds__(Config<kConsumers>::kThreads, 1)
@@ -184,7 +236,9 @@ __global__ void __launch_bounds__(Config<kConsumers>::kThreads, 1)
   using Smem = SharedMemoryPlan;
 
   extern __shared__ uint8_t smem_raw[];
-  uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+  // NOTE: aligned by pointer arithmetic on the __shared__ array (not through an integer), so the
+  // compiler keeps every access in the shared window: 32-bit LDS/STS addresses, not generic ones.
+  uint8_t* smem = smem_raw + ((1024u - (ptx::smem_addr(smem_raw) & 1023u)) & 1023u);
   uint64_t* bars = reinterpret_cast<uint64_t*>(smem + Smem::kBarrierOffset);
   const uint32_t sbase = ptx::smem_addr(smem);
 
@@ -217,26 +271,16 @@ __global__ void __launch_bounds__(Config<kConsumers>::kThreads, 1)
   }
   __syncthreads();
 
-  // NOTE: the CTA's coordinates are read after the barrier, separately by each role: values
+  // NOTE: work-item coordinates are read after the barrier, separately by each role: values
   // computed before the role branch stay live in both and pushed the consumers past their
   // registers.
-  const int64_t cta = blockIdx.x;
-  const int z = int(cta % Cfg::kSlices);
-  const int h = int((cta / Cfg::kSlices) % p.num_v_heads);
-  const int n = int(cta / Cfg::kSlices / p.num_v_heads);
-  const int v0 = z * Cfg::kValueRows;
+  const int num_items = p.num_seqs * p.num_v_heads * Cfg::kSlices;
   const int lane = threadIdx.x % 32;
   const int g = lane / 4, t = lane % 4;
-  const int seq_len = max(p.seq_len[n], 0);
-  const int64_t seq_start = p.seq_start[n];
-  const int num_chunks = (seq_len + kChunk - 1) / kChunk;
-  const int brow = p.packed ? 0 : n;
 
   if (wg == 0) {
     // ======================================== producer ========================================
     if constexpr (kConsumers == 2) ptx::setmaxnreg_dec<Cfg::kProducerRegs>();
-    if (num_chunks == 0) return;
-    const int hk = h / p.v_heads_per_qk_head;
     const int ptid = threadIdx.x;  // 0..127
     const int R = ptid / 32;       // warp = row sub-block of phases B..E
     const uint32_t q_raw = sbase + Smem::kQRawOffset, k_raw = sbase + Smem::kKRawOffset;
@@ -257,56 +301,85 @@ __global__ void __launch_bounds__(Config<kConsumers>::kThreads, 1)
     uint32_t* wide = reinterpret_cast<uint32_t*>(smem + Smem::kWideOffset);
     const uint32_t raw_bytes = uint32_t((p.g_tma ? 3 : 2) * Smem::kTile);
 
-    auto issue_raw = [&](int j) {
-      const int tok = int(seq_start) + j * kChunk;
+    auto issue_raw = [&](const Item& it, int j) {
+      const int tok = int(it.start) + j * kChunk;
+      const int hk = it.h / p.v_heads_per_qk_head;
       ptx::mbarrier_arrive_expect_tx(&bars[kRawFull], raw_bytes);
       for (int half = 0; half < 2; ++half) {
         ptx::tma_load_4d(smem + Smem::kQRawOffset + half * Smem::kHalf, &tma.q, &bars[kRawFull], 64 * half, hk, tok,
-                         brow);
+                         it.brow);
         ptx::tma_load_4d(smem + Smem::kKRawOffset + half * Smem::kHalf, &tma.k, &bars[kRawFull], 64 * half, hk, tok,
-                         brow);
+                         it.brow);
         if (p.g_tma)
-          ptx::tma_load_4d(smem + Smem::kGRawOffset + half * Smem::kHalf, &tma.g, &bars[kRawFull], 64 * half, h, tok,
-                           brow);
+          ptx::tma_load_4d(smem + Smem::kGRawOffset + half * Smem::kHalf, &tma.g, &bars[kRawFull], 64 * half, it.h,
+                           tok, it.brow);
       }
     };
-    auto load_beta = [&](int j) -> float {  // raw beta of row ptid of chunk j (threads < 64)
+    auto load_beta = [&](const Item& it, int j) -> float {  // raw beta of row ptid of chunk j (threads < 64)
       const int r = ptid;
-      if (r >= kChunk || j * kChunk + r >= seq_len) return 0.f;
-      const int64_t off = int64_t(brow) * p.stride_beta_b + (seq_start + j * kChunk + r) * p.stride_beta_t +
-                          int64_t(h) * p.stride_beta_h;
+      if (r >= kChunk || j * kChunk + r >= it.len) return 0.f;
+      const int64_t off = int64_t(it.brow) * p.stride_beta_b + (it.start + j * kChunk + r) * p.stride_beta_t +
+                          int64_t(it.h) * p.stride_beta_h;
       return p.beta_fp32 ? static_cast<const float*>(p.beta)[off]
                          : __bfloat162float(static_cast<const __nv_bfloat16*>(p.beta)[off]);
     };
-    if (ptid == 0) {
-      ptx::prefetch_tensormap(&tma.q);
-      ptx::prefetch_tensormap(&tma.k);
-      if (p.g_tma) ptx::prefetch_tensormap(&tma.g);
-      issue_raw(0);
+    float beta_next = 0.f;
+    {
+      // The first chunk of the CTA: chunk 0 of its first item with tokens.
+      const NextChunk first = next_chunk<Cfg::kSlices>(p, num_items, int(blockIdx.x) - int(gridDim.x),
+                                                       Item{0, 0, 0, 0, 0, 0, 0}, 0);
+      if (first.ok) {
+        if (ptid == 0) {
+          ptx::prefetch_tensormap(&tma.q);
+          ptx::prefetch_tensormap(&tma.k);
+          if (p.g_tma) ptx::prefetch_tensormap(&tma.g);
+          issue_raw(first.it, 0);
+        }
+        beta_next = load_beta(first.it, 0);
+      }
     }
-    float beta_next = load_beta(0);
 
-    // Per-CTA gate constants (thread = channel in phase A).
-    float gate_a = 1.f;
-    if constexpr (kGate == GateMode::kSoftplus) gate_a = -expf(p.A_log[h]);
-    if constexpr (kGate == GateMode::kLowerBound) gate_a = p.A_log != nullptr ? expf(p.A_log[h]) : 1.f;
-    float gate_dt = 0.f;
-    if (kGate != GateMode::kPrecomputed && p.dt_bias != nullptr)
-      gate_dt = p.scalar_gate ? p.dt_bias[h] : p.dt_bias[h * kHeadDim + ptid];
+    // NOTE: as for the consumers (below), the item's scalars are read back from shared memory
+    // where used instead of being kept in registers across the chunk loop.
+    ItemRecord* prec = reinterpret_cast<ItemRecord*>(smem + Smem::kItemOffset) + 2;
+    int gc = 0;  // chunks this CTA has processed: stages and barrier phases
+    for (int item = int(blockIdx.x); item < num_items; item += int(gridDim.x)) {
+    int chunks;
+    float gate_a = 1.f, gate_dt = 0.f;  // per-item gate constants (thread = channel in phase A)
+    {
+      const Item it = item_at<Cfg::kSlices>(p, item);
+      chunks = it.chunks;
+      if (chunks == 0) continue;
+      ptx::named_barrier_sync(kProducerBarrier, kWarpGroup);  // every thread is done with the last record
+      if (ptid == 0) {
+        prec->o_off = it.start;
+        prec->len = it.len;
+        prec->h = it.h;
+        prec->n = it.brow;
+      }
+      const int h = it.h;
+      if constexpr (kGate == GateMode::kSoftplus) gate_a = -expf(p.A_log[h]);
+      if constexpr (kGate == GateMode::kLowerBound) gate_a = p.A_log != nullptr ? expf(p.A_log[h]) : 1.f;
+      if (kGate != GateMode::kPrecomputed && p.dt_bias != nullptr)
+        gate_dt = p.scalar_gate ? p.dt_bias[h] : p.dt_bias[h * kHeadDim + ptid];
+      ptx::named_barrier_sync(kProducerBarrier, kWarpGroup);
+    }
 
-    for (int j = 0; j < num_chunks; ++j) {
-      const int s = j & 1;
-      const int valid = min(kChunk, seq_len - j * kChunk);
-      const int64_t tok0 = seq_start + int64_t(j) * kChunk;
+    for (int j = 0; j < chunks; ++j, ++gc) {
+      const int s = gc & 1;
+      const int valid = min(kChunk, vld(&prec->len) - j * kChunk);
 
       // ---- phase A: gate and running sum, thread = key channel --------------------------------
       // The stage's Qt/Kh/decay of chunk j - 2 must have been read.
-      ptx::mbarrier_wait(&bars[kQtKhEmpty + s], ((j >> 1) & 1) ^ 1);
-      ptx::mbarrier_wait(&bars[kRawFull], j & 1);
+      ptx::mbarrier_wait(&bars[kQtKhEmpty + s], ((gc >> 1) & 1) ^ 1);
+      ptx::mbarrier_wait(&bars[kRawFull], gc & 1);
       if (ptid < kChunk)
         beta_s[ptid] = ptid < valid ? kdakit::cuda::beta_activation(beta_next, p.use_beta_sigmoid, p.allow_neg_eigval)
                                     : 0.f;
-      if (j + 1 < num_chunks) beta_next = load_beta(j + 1);  // lands during the rest of chunk j
+      if (ptid < kChunk) {  // beta of the next chunk lands during the rest of this one
+        const NextChunk nxt = next_chunk<Cfg::kSlices>(p, num_items, item, item_at<Cfg::kSlices>(p, item), j);
+        if (nxt.ok) beta_next = load_beta(nxt.it, nxt.j);
+      }
       {
         const int c = ptid;
         float cR[kSubBlocks];
@@ -314,21 +387,22 @@ __global__ void __launch_bounds__(Config<kConsumers>::kThreads, 1)
         const uint8_t* gsrc = nullptr;
         if (!p.g_tma)
           gsrc = static_cast<const uint8_t*>(p.g) +
-                 (int64_t(brow) * p.stride_g_b + tok0 * p.stride_g_t + int64_t(h) * p.stride_g_h +
+                 (int64_t(vld(&prec->n)) * p.stride_g_b + (vld(&prec->o_off) + int64_t(j) * kChunk) * p.stride_g_t +
+                  int64_t(vld(&prec->h)) * p.stride_g_h +
                   (p.scalar_gate ? 0 : c)) *
                      (p.g_fp32 ? 4 : 2);
         const int64_t gstep = p.stride_g_t * (p.g_fp32 ? 4 : 2);
 #pragma unroll
         for (int Rb = 0; Rb < kSubBlocks; ++Rb) {
-#pragma unroll
+          // NOTE: partly unrolled: the whole producer chunk is straight-line code, and fully
+          // unrolled loops made it larger than the instruction cache (measured: ~30 us a chunk).
+#pragma unroll 4
           for (int i = 0; i < kSubBlock; ++i) {
             const int r = kSubBlock * Rb + i;
             float gv = 0.f;
             if (p.g_tma) {
-              uint16_t raw;
-              const uint32_t addr = tile_addr(g_raw, r, c >> 3) + uint32_t(c & 7) * 2u;
-              asm volatile("ld.shared.u16 %0, [%1];" : "=h"(raw) : "r"(addr));
-              gv = __uint_as_float(uint32_t(raw) << 16);
+              gv = __bfloat162float(*reinterpret_cast<const __nv_bfloat16*>(
+                  smem + (tile_addr(g_raw, r, c >> 3) - sbase) + uint32_t(c & 7) * 2u));
             } else if (r < valid) {
               gv = p.g_fp32 ? *reinterpret_cast<const float*>(gsrc + r * gstep)
                             : __bfloat162float(*reinterpret_cast<const __nv_bfloat16*>(gsrc + r * gstep));
@@ -372,7 +446,7 @@ __global__ void __launch_bounds__(Config<kConsumers>::kThreads, 1)
       float rq0, rq1, rk0, rk1;
       {
         float sq0 = 0.f, sq1 = 0.f, sk0 = 0.f, sk1 = 0.f;
-#pragma unroll
+#pragma unroll 2
         for (int kk = 0; kk < kHeadDim / 16; ++kk) {
           uint32_t qa[4], ka[4];
           kdakit::cuda::ldmatrix_x4(qa, tile_addr(q_raw, kSubBlock * R + (lane & 15), 2 * kk + (lane >> 4)));
@@ -417,7 +491,7 @@ __global__ void __launch_bounds__(Config<kConsumers>::kThreads, 1)
       // NOTE: g is dead after phase A (the barrier above), so the B tile takes its place.
       uint8_t* kh_stage = smem + Smem::kKhOffset + s * Smem::kTile;
       const uint32_t kh_buf = ptx::smem_addr(kh_stage);
-#pragma unroll
+#pragma unroll 2
       for (int kk = 0; kk < kHeadDim / 16; ++kk) {
         uint32_t ka[4];
         kdakit::cuda::ldmatrix_x4(ka, tile_addr(k_raw, st_row, 2 * kk + (lane >> 4)));
@@ -444,7 +518,7 @@ __global__ void __launch_bounds__(Config<kConsumers>::kThreads, 1)
 
       // ---- phase C2: Qt, Kt; L and M -------------------------------------------------------
       // Kt goes into the W buffer, which the consumers must have released (chunk j - 1).
-      ptx::mbarrier_wait(&bars[kWEmpty], (j & 1) ^ 1);
+      ptx::mbarrier_wait(&bars[kWEmpty], (gc & 1) ^ 1);
       const uint32_t qt_buf = sbase + uint32_t(Smem::kQtOffset + s * Smem::kTile);
       float accL[8][4], accM[8][4];
 #pragma unroll
@@ -452,7 +526,7 @@ __global__ void __launch_bounds__(Config<kConsumers>::kThreads, 1)
 #pragma unroll
         for (int e = 0; e < 4; ++e) accL[i][e] = accM[i][e] = 0.f;
       }
-#pragma unroll
+#pragma unroll 1
       for (int kk = 0; kk < kHeadDim / 16; ++kk) {
         uint32_t qa[4], ka[4];
         kdakit::cuda::ldmatrix_x4(qa, tile_addr(q_raw, st_row, 2 * kk + (lane >> 4)));
@@ -462,28 +536,31 @@ __global__ void __launch_bounds__(Config<kConsumers>::kThreads, 1)
         load_vec(cprev_v + R * kHeadDim, kk, cpv);
         load_vec(mx_v + R * kHeadDim, kk, mxv);
         load_vec(pfac_v + R * kHeadDim, kk, pfv);
-        float qf[4][2], kf[4][2], e1[4][2], xd[4][2];
-        uint32_t qt[4], kt[4];
+        // qe, ke = qn 2^(b - c_{R-1}), kn 2^(b - c_{R-1}) (<= |x|): Qt, Kt and the off-diagonal
+        // rows; the diagonal tile's A operands (x 2^(b - m_R)) are packed right away.
+        float qe[4][2], ke[4][2];
+        uint32_t qt[4], kt[4], aLd[4], aMd[4];
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
           const bool ok = i & 1 ? ok1 : ok0;
           const float rq = i & 1 ? rq1 : rq0, rk = i & 1 ? rk1 : rk0;
-          qf[i][0] = ok ? bf16_lo(qa[i]) * rq : 0.f;
-          qf[i][1] = ok ? bf16_hi(qa[i]) * rq : 0.f;
-          kf[i][0] = ok ? bf16_lo(ka[i]) * rk : 0.f;
-          kf[i][1] = ok ? bf16_hi(ka[i]) * rk : 0.f;
+          const float q0 = ok ? bf16_lo(qa[i]) * rq : 0.f, q1 = ok ? bf16_hi(qa[i]) * rq : 0.f;
+          const float k0 = ok ? bf16_lo(ka[i]) * rk : 0.f, k1 = ok ? bf16_hi(ka[i]) * rk : 0.f;
           const float2 cp = cpv[i >> 1], mx = mxv[i >> 1], pf = pfv[i >> 1];
-          e1[i][0] = fast_exp2(bv[i].x - cp.x);  // <= 1
-          e1[i][1] = fast_exp2(bv[i].y - cp.y);
-          xd[i][0] = fast_exp2(bv[i].x - mx.x);  // <= 2^96; 0 for wide-span channels
-          xd[i][1] = fast_exp2(bv[i].y - mx.y);
-          qt[i] = pack_bf16x2(qf[i][0] * (e1[i][0] * pf.x), qf[i][1] * (e1[i][1] * pf.y));
-          kt[i] = pack_bf16x2(kf[i][0] * (e1[i][0] * pf.x), kf[i][1] * (e1[i][1] * pf.y));
+          const float e0 = fast_exp2(bv[i].x - cp.x), e1 = fast_exp2(bv[i].y - cp.y);  // <= 1
+          const float x0 = fast_exp2(bv[i].x - mx.x), x1 = fast_exp2(bv[i].y - mx.y);  // <= 2^96; 0 if wide
+          qe[i][0] = q0 * e0;
+          qe[i][1] = q1 * e1;
+          ke[i][0] = k0 * e0;
+          ke[i][1] = k1 * e1;
+          qt[i] = pack_bf16x2(qe[i][0] * pf.x, qe[i][1] * pf.y);
+          kt[i] = pack_bf16x2(ke[i][0] * pf.x, ke[i][1] * pf.y);
+          aLd[i] = pack_bf16x2(k0 * x0, k1 * x1);
+          aMd[i] = pack_bf16x2(q0 * x0, q1 * x1);
         }
         ptx::stmatrix_x4(tile_addr(qt_buf, st_row, 2 * kk + (lane >> 4)), qt[0], qt[1], qt[2], qt[3]);
         ptx::stmatrix_x4(tile_addr(w_buf, st_row, 2 * kk + (lane >> 4)), kt[0], kt[1], kt[2], kt[3]);
-        // NOTE: the diagonal tile first (S = R, then down to 0): its factors xd are dead before
-        // the off-diagonal tiles, which keeps the producer within its registers.
+        // NOTE: the diagonal tile first (S = R, then down to 0).
 #pragma unroll
         for (int S = kSubBlocks - 1; S >= 0; --S) {
           if (S > R) continue;
@@ -491,18 +568,17 @@ __global__ void __launch_bounds__(Config<kConsumers>::kThreads, 1)
           if (S == R) {
 #pragma unroll
             for (int i = 0; i < 4; ++i) {
-              aL[i] = pack_bf16x2(kf[i][0] * xd[i][0], kf[i][1] * xd[i][1]);
-              aM[i] = pack_bf16x2(qf[i][0] * xd[i][0], qf[i][1] * xd[i][1]);
+              aL[i] = aLd[i];
+              aM[i] = aMd[i];
             }
           } else {
             float2 gv[2];
             load_vec(gfac_v + (R * (R - 1) / 2 + S) * kHeadDim, kk, gv);
 #pragma unroll
-            for (int i = 0; i < 4; ++i) {
+            for (int i = 0; i < 4; ++i) {  // 2^(b - m_S) as (<= 1) x (<= 1)
               const float2 gf = gv[i >> 1];
-              const float f0 = e1[i][0] * gf.x, f1 = e1[i][1] * gf.y;  // 2^(b - m_S) as (<= 1) x (<= 1)
-              aL[i] = pack_bf16x2(kf[i][0] * f0, kf[i][1] * f1);
-              aM[i] = pack_bf16x2(qf[i][0] * f0, qf[i][1] * f1);
+              aL[i] = pack_bf16x2(ke[i][0] * gf.x, ke[i][1] * gf.y);
+              aM[i] = pack_bf16x2(qe[i][0] * gf.x, qe[i][1] * gf.y);
             }
           }
           uint32_t bb[4];
@@ -558,13 +634,18 @@ __global__ void __launch_bounds__(Config<kConsumers>::kThreads, 1)
 
       // ---- phase D2: raw q, k, g, b and the B tile are dead: refill with chunk j + 1 ------------
       ptx::named_barrier_sync(kProducerBarrier, kWarpGroup);
-      if (ptid == 0 && j + 1 < num_chunks) {
-        ptx::fence_proxy_async_shared();
-        issue_raw(j + 1);
+      if (ptid == 0) {
+        // NOTE: recomputed here rather than kept from phase A: nine values live across the chunk
+        // pushed the producer past its registers.
+        const NextChunk nxt = next_chunk<Cfg::kSlices>(p, num_items, item, item_at<Cfg::kSlices>(p, item), j);
+        if (nxt.ok) {
+          ptx::fence_proxy_async_shared();
+          issue_raw(nxt.it, nxt.j);
+        }
       }
 
       // ---- phase D3: L (masked) to fp32 over b, M (masked, bf16) to its buffer ----------------
-      ptx::mbarrier_wait(&bars[kMEmpty], (j & 1) ^ 1);
+      ptx::mbarrier_wait(&bars[kMEmpty], (gc & 1) ^ 1);
 #pragma unroll
       for (int S = 0; S < kSubBlocks; ++S) {
         uint32_t mp[4];
@@ -595,7 +676,7 @@ __global__ void __launch_bounds__(Config<kConsumers>::kThreads, 1)
       ptx::named_barrier_sync(kProducerBarrier, kWarpGroup);
 
       // ---- phase D4: T diag(beta) (bf16 hi/lo), T's diagonal blocks in place over L's ----------
-      ptx::mbarrier_wait(&bars[kTbEmpty], (j & 1) ^ 1);
+      ptx::mbarrier_wait(&bars[kTbEmpty], (gc & 1) ^ 1);
       {
         uint8_t* hi = smem + Smem::kTbHiOffset;
         uint8_t* lo = smem + Smem::kTbLoOffset;
@@ -645,39 +726,63 @@ __global__ void __launch_bounds__(Config<kConsumers>::kThreads, 1)
         ptx::mbarrier_arrive(&bars[kWFull]);
       }
     }
+    }
   } else {
     // ======================================== consumers ========================================
     if constexpr (kConsumers == 2) ptx::setmaxnreg_inc<Cfg::kConsumerRegs>();
     const int cw = wg - 1;                  // consumer warpgroup
     const int w = (threadIdx.x / 32) % 4;   // warp within it
     const int ctid = threadIdx.x % kWarpGroup;
-    const int vbase = v0 + 64 * cw;         // first value row of the warpgroup
-    const int vrow = vbase + 16 * w + g;    // value row of c0/c1 (c2/c3: vrow + 8)
-    const int64_t head_elems = int64_t(h) * kHeadDim * kHeadDim;
-    const int HV = p.num_v_heads;
     uint8_t* v_half = smem + Smem::kVOffset + cw * Smem::kHalf;
     const uint32_t v_addr = ptx::smem_addr(v_half);
     const uint32_t tb_hi = sbase + Smem::kTbHiOffset, tb_lo = sbase + Smem::kTbLoOffset;
     const uint32_t w_buf = sbase + Smem::kWOffset, m_buf = sbase + Smem::kMOffset;
 
-    auto issue_v = [&](int j) {
+    auto issue_v = [&](const Item& it, int j) {
       ptx::mbarrier_arrive_expect_tx(&bars[kVFull + cw], uint32_t(Smem::kHalf));
-      ptx::tma_load_4d(v_half, &tma.v, &bars[kVFull + cw], vbase, h, int(seq_start) + j * kChunk, brow);
+      ptx::tma_load_4d(v_half, &tma.v, &bars[kVFull + cw], it.z * Cfg::kValueRows + 64 * cw, it.h,
+                       int(it.start) + j * kChunk, it.brow);
     };
-    if (ctid == 0 && num_chunks > 0) {
-      ptx::prefetch_tensormap(&tma.v);
-      issue_v(0);
+    {
+      const NextChunk first = next_chunk<Cfg::kSlices>(p, num_items, int(blockIdx.x) - int(gridDim.x),
+                                                       Item{0, 0, 0, 0, 0, 0, 0}, 0);
+      if (ctid == 0 && first.ok) {
+        ptx::prefetch_tensormap(&tma.v);
+        issue_v(first.it, 0);
+      }
     }
+
+    // NOTE: the item's scalars live in shared memory (written once per item by thread 0, read
+    // back with volatile loads where used): kept in registers across the chunk loop they pushed
+    // the consumers past their budget.
+    ItemRecord* rec = reinterpret_cast<ItemRecord*>(smem + Smem::kItemOffset) + cw;
+    int gc = 0;  // chunks this CTA has processed (the producer counts the same way)
+    for (int item = int(blockIdx.x); item < num_items; item += int(gridDim.x)) {
+    if (ctid == 0) {
+      const Item it = item_at<Cfg::kSlices>(p, item);
+      const int vb = it.z * Cfg::kValueRows + 64 * cw;
+      rec->o_off = (p.packed ? 0 : int64_t(it.n) * p.stride_o_b) + it.start * p.stride_o_t +
+                   int64_t(it.h) * p.stride_o_h + vb;
+      rec->len = it.len;
+      rec->chunks = it.chunks;
+      rec->n = it.n;
+      rec->h = it.h;
+      rec->vbase = vb;
+    }
+    ptx::named_barrier_sync(kConsumerBarrier0 + cw, kWarpGroup);
+    const int vrow = vld(&rec->vbase) + 16 * w + g;  // value row of c0/c1 (c2/c3: vrow + 8)
 
     float state[64];
     float(&state4)[16][4] = reinterpret_cast<float(&)[16][4]>(state);
     {
+      const int n = vld(&rec->n);
       const void* init = nullptr;
       if (p.initial_state != nullptr) {
         int64_t slot = n;
         if (p.initial_state_indices != nullptr) slot = p.initial_state_indices[n];
         if (slot >= 0 && slot < p.num_state_slots)
-          init = common::state_at(const_cast<void*>(p.initial_state), slot * p.stride_initial_state_n + head_elems,
+          init = common::state_at(const_cast<void*>(p.initial_state),
+                                  slot * p.stride_initial_state_n + int64_t(vld(&rec->h)) * kHeadDim * kHeadDim,
                                   p.state_bf16);
       }
       if (init != nullptr) {
@@ -689,29 +794,31 @@ __global__ void __launch_bounds__(Config<kConsumers>::kThreads, 1)
     }
 
     // First chunk-state entry of this sequence: sum over earlier sequences of ceil(len / interval).
-    int64_t chunk_state_base = 0;
     const int chunks_per_state = p.chunk_states != nullptr ? p.chunk_state_interval / kChunk : 0;
-    if (chunks_per_state > 0) {
+    if (chunks_per_state > 0 && w == 0) {
+      const int n = vld(&rec->n);
+      int64_t base = 0;
       for (int m = lane; m < n; m += 32) {
         const int len = max(p.seq_len[m], 0);
-        chunk_state_base += (len + p.chunk_state_interval - 1) / p.chunk_state_interval;
+        base += (len + p.chunk_state_interval - 1) / p.chunk_state_interval;
       }
 #pragma unroll
-      for (int off = 16; off > 0; off /= 2) chunk_state_base += __shfl_xor_sync(0xffffffffu, chunk_state_base, off);
+      for (int off = 16; off > 0; off /= 2) base += __shfl_xor_sync(0xffffffffu, base, off);
+      if (lane == 0) rec->cs_base = base;
     }
+    if (chunks_per_state > 0) ptx::named_barrier_sync(kConsumerBarrier0 + cw, kWarpGroup);
 
-    __nv_bfloat16* o_seq = p.o + (p.packed ? 0 : int64_t(n) * p.stride_o_b) + seq_start * p.stride_o_t +
-                           int64_t(h) * p.stride_o_h + vbase + 16 * w;
-
-    for (int j = 0; j < num_chunks; ++j) {
-      const int s = j & 1;
-      const int valid = min(kChunk, seq_len - j * kChunk);
+    for (int j = 0; j < vld(&rec->chunks); ++j, ++gc) {
+      const int s = gc & 1;
+      const int valid = min(kChunk, vld(&rec->len) - j * kChunk);
       if (chunks_per_state > 0 && j % chunks_per_state == 0) {
-        const int64_t entry = chunk_state_base + j / chunks_per_state;
+        const int64_t entry = vld(&rec->cs_base) + j / chunks_per_state;
         if (entry < p.num_chunk_states)
-          common::store_state(
-              state4, common::state_at(p.chunk_states, (entry * HV) * kHeadDim * kHeadDim + head_elems, p.state_bf16),
-              vrow, t, p);
+          common::store_state(state4,
+                              common::state_at(p.chunk_states,
+                                               (entry * p.num_v_heads + vld(&rec->h)) * kHeadDim * kHeadDim,
+                                               p.state_bf16),
+                              vrow, t, p);
       }
 
       // S0^T as bf16 A fragments (key channels 64 half .. 64 half + 63), built while no wgmma of
@@ -733,7 +840,7 @@ __global__ void __launch_bounds__(Config<kConsumers>::kThreads, 1)
       pack_state_half(0);
 
       // ---- U0^T = V^T (T diag(beta))^T (hi + lo) -----------------------------------------------
-      ptx::mbarrier_wait(&bars[kVFull + cw], j & 1);
+      ptx::mbarrier_wait(&bars[kVFull + cw], gc & 1);
       if (valid < kChunk) {
         // NOTE: rows past the sequence are another sequence's tokens, or past cu[N]: whatever
         // they hold, zeros keep them out of the product (T diag(beta) is 0 there, but 0 * NaN
@@ -743,7 +850,7 @@ __global__ void __launch_bounds__(Config<kConsumers>::kThreads, 1)
         ptx::fence_proxy_async_shared();
         ptx::named_barrier_sync(kConsumerBarrier0 + cw, kWarpGroup);
       }
-      ptx::mbarrier_wait(&bars[kTbFull], j & 1);
+      ptx::mbarrier_wait(&bars[kTbFull], gc & 1);
       float accU[32], accO[32];
       ptx::wgmma_fence();
 #pragma unroll
@@ -752,8 +859,8 @@ __global__ void __launch_bounds__(Config<kConsumers>::kThreads, 1)
       for (int kk = 0; kk < kChunk / 16; ++kk) gmma_ss<OpU0>(desc_mn(v_addr, kk), desc_k64(tb_lo, kk), accU, true);
 
       // ---- U^T -= S0^T W^T, O^T = S0^T Qt^T (A = bf16 S0^T) ------------------------------------
-      ptx::mbarrier_wait(&bars[kWFull], j & 1);
-      ptx::mbarrier_wait(&bars[kQtKhFull + s], (j >> 1) & 1);
+      ptx::mbarrier_wait(&bars[kWFull], gc & 1);
+      ptx::mbarrier_wait(&bars[kQtKhFull + s], (gc >> 1) & 1);
       const uint32_t qt_buf = sbase + uint32_t(Smem::kQtOffset + s * Smem::kTile);
       const uint32_t kh_buf = sbase + uint32_t(Smem::kKhOffset + s * Smem::kTile);
 #pragma unroll
@@ -777,7 +884,10 @@ __global__ void __launch_bounds__(Config<kConsumers>::kThreads, 1)
       }
       // The warpgroup's reads of its V half are done: load chunk j + 1 into it.
       ptx::named_barrier_sync(kConsumerBarrier0 + cw, kWarpGroup);
-      if (ctid == 0 && j + 1 < num_chunks) issue_v(j + 1);
+      if (ctid == 0) {
+        const NextChunk nxt = next_chunk<Cfg::kSlices>(p, num_items, item, item_at<Cfg::kSlices>(p, item), j);
+        if (nxt.ok) issue_v(nxt.it, nxt.j);
+      }
 
       // ---- O^T += U^T M^T; S^T = S0^T diag(decay) + U^T Kh (U^T as bf16 hi + lo) ----------------
       uint32_t uh[4][4], ul[4][4];
@@ -788,7 +898,7 @@ __global__ void __launch_bounds__(Config<kConsumers>::kThreads, 1)
         kdakit::cuda::split_bf16x2(accU[8 * ks + 4], accU[8 * ks + 5], uh[ks][2], ul[ks][2]);
         kdakit::cuda::split_bf16x2(accU[8 * ks + 6], accU[8 * ks + 7], uh[ks][3], ul[ks][3]);
       }
-      ptx::mbarrier_wait(&bars[kMFull], j & 1);
+      ptx::mbarrier_wait(&bars[kMFull], gc & 1);
       ptx::wgmma_fence();
 #pragma unroll
       for (int ks = 0; ks < 4; ++ks) {
@@ -820,7 +930,7 @@ __global__ void __launch_bounds__(Config<kConsumers>::kThreads, 1)
 
       // ---- O: value rows vrow, vrow + 8 of tokens 8 nt + 2t, +1 ---------------------------------
       {
-        __nv_bfloat16* o_chunk = o_seq + int64_t(j) * kChunk * p.stride_o_t;
+        __nv_bfloat16* o_chunk = p.o + vld(&rec->o_off) + int64_t(j) * kChunk * p.stride_o_t + 16 * w;
         const bool odd = (g & 1) != 0;
 #pragma unroll
         for (int nt = 0; nt < 8; ++nt) {
@@ -852,12 +962,19 @@ __global__ void __launch_bounds__(Config<kConsumers>::kThreads, 1)
 
     // ---- final state (an empty sequence passes its initial state through bit for bit) ----------
     if (p.final_state != nullptr) {
+      const int n = vld(&rec->n);
       int64_t slot = n;
       if (p.final_state_indices != nullptr) slot = p.final_state_indices[n];
       if (slot >= 0 && slot < p.num_state_slots)
         common::store_state(state4,
-                            common::state_at(p.final_state, slot * p.stride_final_state_n + head_elems, p.state_bf16),
+                            common::state_at(p.final_state,
+                                             slot * p.stride_final_state_n +
+                                                 int64_t(vld(&rec->h)) * kHeadDim * kHeadDim,
+                                             p.state_bf16),
                             vrow, t, p);
+    }
+    // The record is rewritten for the next item only after every thread has read it.
+    ptx::named_barrier_sync(kConsumerBarrier0 + cw, kWarpGroup);
     }
   }
 }
@@ -868,14 +985,17 @@ __global__ void __launch_bounds__(Config<kConsumers>::kThreads, 1)
 namespace kdakit::sm90::prefill {
 
 template <GateMode kGate, int kConsumers>
-Status launch_prefill_fused(const PrefillParams& p, const WorkspacePlan& plan, const void* workspace,
+Status launch_prefill_fused(const PrefillParams& p, const WorkspacePlan& plan, const void* workspace, int num_sms,
                             cudaStream_t stream) {
   using namespace fused;
   using Cfg = Config<kConsumers>;
   if (p.num_seqs == 0) return Status::Ok();
-  const int64_t num_ctas = p.num_seqs * p.num_v_heads * Cfg::kSlices;
-  if (num_ctas > int64_t(INT32_MAX) || p.seqlen > int64_t(INT32_MAX) / 2)
+  const int64_t num_items = p.num_seqs * p.num_v_heads * Cfg::kSlices;
+  if (num_items > int64_t(INT32_MAX) || p.seqlen > int64_t(INT32_MAX) / 2)
     return Status(StatusCode::kUnsupported, "prefill (fused): N * HV * slices and T must stay below 2^31");
+  // NOTE: a persistent grid, one CTA per SM (shared memory allows no second): each CTA walks
+  // its work items in turn, the producer running into the next item's first chunk.
+  const int64_t num_ctas = std::min<int64_t>(num_items, std::max(num_sms, 1));
 
   const auto* ws = static_cast<const uint8_t*>(workspace);
   const bool packed = p.cu_seqlens != nullptr;

@@ -2,6 +2,6 @@
 #include "cuda/sm90/prefill/fused/kernel.cuh"
 
 namespace kdakit::sm90::prefill {
-template Status launch_prefill_fused<GateMode::kPrecomputed, 1>(const PrefillParams&, const WorkspacePlan&, const void*,
+template Status launch_prefill_fused<GateMode::kPrecomputed, 1>(const PrefillParams&, const WorkspacePlan&, const void*, int,
                                                            cudaStream_t);
 }  // namespace kdakit::sm90::prefill
