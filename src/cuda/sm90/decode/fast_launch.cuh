@@ -11,6 +11,7 @@
 
 #include <cuda_runtime.h>
 
+#include <cstdio>
 #include <string>
 
 #include "cuda/sm90/decode/config.h"
@@ -31,7 +32,22 @@ Status launch_fast_kernel(Kernel kernel, const char* name, dim3 grid, int thread
   attribute[0].val.programmaticStreamSerializationAllowed = 1;
   config.attrs = attribute;
   config.numAttrs = pdl ? 1 : 0;
-  const cudaError_t err = cudaLaunchKernelEx(&config, kernel, p);
+  cudaError_t err = cudaLaunchKernelEx(&config, kernel, p);
+  if (err != cudaSuccess && pdl) {
+    // NOTE: a PDL launch the runtime refuses is retried as a plain launch (same results); said
+    // once on stderr, so that a timing run knows it did not measure PDL.
+    static bool reported = false;
+    if (!reported) {
+      reported = true;
+      std::fprintf(stderr,
+                   "kdakit: %s: launch with programmatic dependent launch failed (%s), launching "
+                   "without it\n",
+                   name, cudaGetErrorString(err));
+    }
+    (void)cudaGetLastError();
+    config.numAttrs = 0;
+    err = cudaLaunchKernelEx(&config, kernel, p);
+  }
   if (err != cudaSuccess) {
     return Status(StatusCode::kCudaError, std::string(__FILE__) + ":" + std::to_string(__LINE__) +
                                               ": " + name +
