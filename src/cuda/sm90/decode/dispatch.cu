@@ -8,6 +8,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <atomic>
 #include <climits>
 #include <cstdint>
 #include <cstdio>
@@ -186,18 +187,17 @@ bool make_fast_params(const DecodeParams& p, recurrent::FastDecodeParams& f) {
 
 // Multiprocessors of the current device, read once per device.
 int num_sms() {
-  static int cached[64] = {};
+  static std::atomic<int> cached[64] = {};
   int device = 0;
   if (cudaGetDevice(&device) != cudaSuccess) return 0;
-  if (device < 0 || device >= 64) {
-    int n = 0;
-    return cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device) == cudaSuccess ? n : 0;
+  const bool cacheable = device >= 0 && device < 64;
+  if (cacheable) {
+    if (const int n = cached[device].load(std::memory_order_relaxed); n > 0) return n;
   }
-  if (cached[device] == 0) {
-    int n = 0;
-    if (cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device) == cudaSuccess) cached[device] = n;
-  }
-  return cached[device];
+  int n = 0;
+  if (cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) return 0;
+  if (cacheable) cached[device].store(n, std::memory_order_relaxed);
+  return n;
 }
 
 // ------------------------------------------------------------------------------------------
