@@ -85,11 +85,24 @@ int fused_consumers_override() {
 
 PrefillPath forced_path() { return path_override != PrefillPath::kAuto ? path_override : forced_path_env(); }
 
-// The chunked kernels this call takes: fused where it applies (and is not overridden), else
-// the two-kernel path.
+// NOTE: the fused kernel is the default only for batches of short sequences, where it measured
+// faster than the two-kernel path on the H200 (2026-12-01: H96 64 x 128 2.20 vs 2.27 ms, 32 x 256
+// 4.10 vs 4.36, 16 x 512 8.09 vs 8.18 token-serial). On long sequences its producer warpgroup
+// (one warp per SMSP, ~19 us a chunk) is slower than the prep kernel's 16 warps per SM (H96
+// fixed 2.42 vs 1.55 ms); docs/design/20261201-prefill-fused.md has the profile.
+constexpr int64_t kFusedMaxAverageLength = 64;
+
+bool short_sequences(const PrefillParams& p) {
+  const int64_t tokens = p.cu_seqlens != nullptr ? p.seqlen : p.batch * p.seqlen;
+  return tokens <= kFusedMaxAverageLength * p.num_seqs;
+}
+
+// The chunked kernels this call takes: fused where it applies and is the faster (or is
+// forced), else the two-kernel path.
 bool use_fused(const PrefillParams& p) {
   const PrefillPath f = forced_path();
-  return (f == PrefillPath::kAuto || f == PrefillPath::kFused) && prefill::fused_unsupported(p).empty();
+  return (f == PrefillPath::kFused || (f == PrefillPath::kAuto && short_sequences(p))) &&
+         prefill::fused_unsupported(p).empty();
 }
 
 }  // namespace
@@ -98,15 +111,17 @@ void set_prefill_path(PrefillPath path) { path_override = path; }
 
 // NOTE: the fused path reads only the plan region; the chunk blocks (90 KB per chunk and head)
 // are the two-kernel path's. Sized from the batch fields alone (no tensors, head dims unset:
-// prefill_plan, engines sizing one buffer for their largest batch), the answer is the fused
-// path's, the one every supported call with 16-byte aligned rows takes; a call that then needs
-// the two-kernel path (misaligned views, or KDAKIT_PREFILL_PATH=chunked) reports the size it
-// needs (query with its tensors).
+// prefill_plan, engines sizing one buffer for their largest batch), the answer is the two-kernel
+// path's, which covers every batch of at most those sizes whichever path it takes (a smaller
+// N can move a batch from the fused path to the two-kernel one). Queried with a call's tensors,
+// the answer is that call's path's.
 size_t prefill_workspace_size(const PrefillParams& p) {
   const prefill::WorkspacePlan plan = plan_for(p);
   const bool batch_only = p.q == nullptr && p.head_dim_k == 0;
-  if (forced_path() == PrefillPath::kChunked) return plan.total_bytes;
-  return batch_only || use_fused(p) ? plan.chunk_blocks_offset : plan.total_bytes;
+  const PrefillPath f = forced_path();
+  if (f == PrefillPath::kChunked) return plan.total_bytes;
+  if (batch_only) return f == PrefillPath::kFused ? plan.chunk_blocks_offset : plan.total_bytes;
+  return use_fused(p) ? plan.chunk_blocks_offset : plan.total_bytes;
 }
 
 Status run_prefill(const PrefillParams& p, cudaStream_t stream) {
