@@ -36,6 +36,23 @@ if [ "$run_tests" = 1 ]; then
     echo "gtest $name rc=$? $(grep -E '^\[  (PASSED|FAILED|SKIPPED) ' "$out/logs/$name.log" | tr -s ' ' | tr '\n' ' ')" | tee -a "$summary"
     grep -E '^\[  FAILED  \].*\(' "$out/logs/$name.log" | head -5
   done
+  # The fused kernel on every case, with one and with two consumer warpgroups (the dispatcher
+  # takes it only for batches of short sequences).
+  for c in 1 2; do
+    KDAKIT_PREFILL_PATH=fused KDAKIT_FUSED_CONSUMERS=$c timeout 300 "$stage/bin/prefill_gpu_test" --gtest_brief=1 \
+      >"$out/logs/prefill_gpu_test_fused_c$c.log" 2>&1
+    echo "gtest prefill_gpu_test[fused c$c] rc=$? $(grep -E '^\[  (PASSED|FAILED|SKIPPED) ' "$out/logs/prefill_gpu_test_fused_c$c.log" | tr -s ' ' | tr '\n' ' ')" | tee -a "$summary"
+    grep -E 'rel_l2 [0-9.e-]+ over' "$out/logs/prefill_gpu_test_fused_c$c.log" | head -3
+  done
+  # The pool cases (in place, read a / write b) on the fused kernel with one and two consumer
+  # warpgroups and on the token-serial kernel (the dispatcher takes the two-kernel path for the
+  # long ones and the fused kernel for the short ones).
+  for v in fused:1 fused:2 token_serial:0; do
+    path=${v%%:*} c=${v##*:}
+    KDAKIT_PREFILL_PATH=$path KDAKIT_FUSED_CONSUMERS=$c timeout 300 "$stage/bin/prefill_pool_gpu_test" \
+      --gtest_brief=1 >"$out/logs/prefill_pool_gpu_test_${path}_c$c.log" 2>&1
+    echo "gtest prefill_pool_gpu_test[$path c$c] rc=$? $(grep -E '^\[  (PASSED|FAILED|SKIPPED) ' "$out/logs/prefill_pool_gpu_test_${path}_c$c.log" | tr -s ' ' | tr '\n' ' ')" | tee -a "$summary"
+  done
   timeout 300 python3 -m pytest -q -p no:cacheprovider tests/python >"$out/logs/pytest.log" 2>&1
   echo "pytest rc=$? $(tail -1 "$out/logs/pytest.log")" | tee -a "$summary"
   grep -E '^FAILED' "$out/logs/pytest.log" | head -5
@@ -45,6 +62,11 @@ if [ "$run_tests" = 1 ]; then
   timeout 120 compute-sanitizer --tool memcheck --leak-check no "$stage/bin/prefill_pool_gpu_test" \
     --gtest_filter='*write_elsewhere*:*dense_float32*' >"$out/logs/memcheck_prefill_pool.log" 2>&1
   echo "memcheck prefill pool rc=$? $(grep -E 'ERROR SUMMARY' "$out/logs/memcheck_prefill_pool.log")" | tee -a "$summary"
+  for tool in memcheck racecheck synccheck; do
+    KDAKIT_PREFILL_PATH=fused timeout 180 compute-sanitizer --tool $tool "$stage/bin/prefill_gpu_test" \
+      --gtest_filter='*long_packed_softplus*:*many_short*:*strided*' >"$out/logs/${tool}_fused.log" 2>&1
+    echo "$tool fused rc=$? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$out/logs/${tool}_fused.log" | tr '\n' ' ')" | tee -a "$summary"
+  done
   timeout 120 compute-sanitizer --tool memcheck --leak-check no "$stage/bin/kdakit_decode_tests" \
     --gtest_filter='*padding*:*spec*' >"$out/logs/memcheck_decode.log" 2>&1
   echo "memcheck decode rc=$? $(grep -E 'ERROR SUMMARY' "$out/logs/memcheck_decode.log")" | tee -a "$summary"
@@ -60,12 +82,20 @@ if [ "$run_bench" = 1 ]; then
   python3 -m kdakit.bench.prefill --pool --json "$out/prefill_pool.json" \
     >"$out/logs/bench_prefill_pool.log" 2>&1
   echo "bench prefill pool rc=$?" | tee -a "$summary"
+  python3 -m kdakit.bench.prefill --plan-compare --json "$out/plan_compare.json" \
+    >"$out/logs/bench_plan_compare.log" 2>&1
+  echo "bench plan-compare rc=$?" | tee -a "$summary"
   python3 -m kdakit.bench.decode --json "$out/decode.json" >"$out/logs/bench_decode.log" 2>&1
   echo "bench decode rc=$?" | tee -a "$summary"
 fi
 tar -C "$out" -czf "$out/logs.tar.gz" logs
+# NOTE: the device tool returns at most 8 files: the logs travel as the one tarball above.
+cp "$summary" "$out/summary.txt"
 # Triton's autotuning cache (FLA), to carry into a later run.
 [ -d "$HOME/.triton/cache" ] && tar -C "$HOME/.triton" -czf "$out/triton-cache.tar.gz" cache
 echo "=== prefill"; tail -30 "$out/logs/bench_prefill.log" 2>/dev/null
+echo "=== prefill from a pool"; tail -12 "$out/logs/bench_prefill_pool.log" 2>/dev/null
+echo "=== plan once vs per call"; tail -8 "$out/logs/bench_plan_compare.log" 2>/dev/null
 echo "=== decode"; tail -30 "$out/logs/bench_decode.log" 2>/dev/null
 echo "=== summary"; cat "$summary"
+rm -rf "$out/logs"

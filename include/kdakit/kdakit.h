@@ -200,6 +200,12 @@ struct PrefillParams {
   // --- plan / workspace
   void* workspace = nullptr;  // device scratch of at least prefill_workspace_size(...) bytes
   size_t workspace_bytes = 0;
+  // The plan region of `workspace` already holds this batch's plan, written by prefill_plan()
+  // on the same stream (or earlier in the same graph) for the same batch fields and the same
+  // cu_seqlens values: prefill skips its plan kernel. Needs `workspace`. The plan is not
+  // checked on the run path (that would need a device read); KDAKIT_DEBUG_CHECKS=1 compares it
+  // with cu_seqlens. false: prefill builds the plan itself, on the fly.
+  bool plan_ready = false;
 };
 
 // The dtype chunk_states are stored in: dtype_chunk_states, else dtype_state.
@@ -292,9 +298,24 @@ Status validate(const DecodeParams& p);
 // In a build without CUDA these return kUnsupported.
 // ------------------------------------------------------------------------------------------
 
-// Bytes of device workspace prefill needs for a batch of at most `num_seqs` sequences and
-// `total_tokens` tokens with HV value heads (an upper bound: cu_seqlens is not read).
+// The batch fields of PrefillParams: batch, seqlen, num_seqs, num_v_heads, cu_seqlens (null or
+// not, and its dtype). They alone size the workspace and determine the plan; every other field
+// may still be unset when the two functions below are called.
+
+// Bytes of device workspace prefill needs for this batch: an upper bound from B, T, N and HV
+// (cu_seqlens is not read), non-decreasing in each, so a buffer sized for the largest batch of
+// an engine serves every smaller one. Reads only the batch fields; 0 when they are invalid
+// (prefill then reports why) and in a build without CUDA.
 size_t prefill_workspace_size(const PrefillParams& p);
+
+// Plan step: turns the device-resident cu_seqlens into the per-batch metadata the kernels read
+// (sequence ranges, chunk-to-sequence map, chunk offsets), written into the plan region at the
+// start of p.workspace by one single-CTA kernel on `stream`. No host synchronisation, no
+// allocation, so it can be captured in a CUDA graph. Reads only the batch fields, `workspace`
+// and `workspace_bytes` (>= prefill_workspace_size(p)). Run it once per forward step; every
+// prefill of that step (one per KDA layer) on the same workspace then sets plan_ready = true.
+// The CPU backend needs no plan: in a build without CUDA this returns kUnsupported.
+Status prefill_plan(const PrefillParams& p, cudaStream_t stream);
 
 Status prefill(const PrefillParams& p, cudaStream_t stream);
 Status decode(const DecodeParams& p, cudaStream_t stream);
@@ -304,7 +325,8 @@ bool built_with_cuda();
 
 // ------------------------------------------------------------------------------------------
 // CPU backend: the oracle the kernels are tested against, and a chunked mirror of the GPU
-// algorithm. Host pointers; parallel over (sequence, head) on all cores.
+// algorithm. Host pointers; parallel over (sequence, head) on all cores. They need neither a
+// workspace nor a plan: workspace, workspace_bytes and plan_ready are not read.
 // ------------------------------------------------------------------------------------------
 namespace cpu {
 

@@ -154,6 +154,21 @@ def current_stream(kind: ArrayKind) -> int:
     return _torch().cuda.current_stream(kind.device).cuda_stream
 
 
+def stream_handle(kind: ArrayKind, stream: Any) -> int:
+    """The cudaStream_t (as int) of a ``stream`` argument: the current torch stream when None,
+    else a torch.cuda.Stream's handle or the int itself. ValueError for a stream on the CPU."""
+    if stream is None:
+        return current_stream(kind)
+    if not kind.is_cuda:
+        raise ValueError("stream: only meaningful for CUDA tensors; the arrays are on the CPU")
+    handle = getattr(stream, "cuda_stream", stream)
+    if not isinstance(handle, int):
+        raise TypeError(
+            f"stream: expected a torch.cuda.Stream or a cudaStream_t as int, got {type(stream).__name__}"
+        )
+    return handle
+
+
 class _NullGuard:
     def __enter__(self):
         return self

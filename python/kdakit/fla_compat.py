@@ -166,6 +166,9 @@ def chunk_kda(
               when they differ from the ones read (prefix caching: resume from a cached slot,
               write a new one). No sequence may write a slot another one reads or writes.
             * ``output_intermediate_states``: SGLang's name of ``return_intermediate_states``.
+            * ``plan`` (kdakit): a ``kdakit.PrefillPlan`` built once per forward step by
+              ``kdakit.prefill_plan(cu_seqlens, num_tokens=T, num_v_heads=HV)`` and passed to
+              every layer, which then skips building the per-batch metadata (kdakit.plan).
 
     Returns:
         ``(o, final_state)``, or ``(o, final_state, h)`` with ``return_intermediate_states``;
@@ -179,7 +182,7 @@ def chunk_kda(
     state_v_first = _state_v_first(state_v_first, kwargs)
     _reject_unknown("chunk_kda", kwargs, ("A_log", "dt_bias", "chunk_size",
                                           "initial_state_indices", "final_state_indices",
-                                          "output_intermediate_states"))
+                                          "output_intermediate_states", "plan"))
     if cp_context is not None:
         raise NotImplementedError("cp_context: context parallelism is not supported by kdakit")
     chunk_size = kwargs.get("chunk_size", 64)
@@ -234,7 +237,7 @@ def chunk_kda(
         allow_neg_eigval=allow_neg_eigval, cu_seqlens=cu_seqlens, cu_seqlens_cpu=cu_seqlens_cpu,
         state_layout="v_first" if state_v_first else "k_first",
         chunk_state_interval=64 if return_intermediate_states else 0,
-        backend="auto" if kind.is_cuda else "chunked", **state_args,
+        plan=kwargs.get("plan"), backend="auto" if kind.is_cuda else "chunked", **state_args,
     )
     if not return_intermediate_states:
         return o, final_state

@@ -53,6 +53,7 @@ import numpy as np
 
 from . import _arrays
 from ._ext import ext
+from .plan import PrefillPlan, batch_workspace_size
 
 __all__ = ["PrefillOutput", "prefill", "prefill_workspace_size", "decode",
            "chunk_state_indices_at", "num_chunk_states"]
@@ -72,19 +73,6 @@ class PrefillOutput(NamedTuple):
 def _check_rank(name: str, x: Any, ranks: tuple[int, ...], dims: str) -> None:
     if x is not None and x.ndim not in ranks:
         raise ValueError(f"{name}: expected shape {dims}, got {tuple(x.shape)}")
-
-
-def _stream_handle(kind: _arrays.ArrayKind, stream: Any) -> int:
-    if stream is None:
-        return _arrays.current_stream(kind)
-    if not kind.is_cuda:
-        raise ValueError("stream: only meaningful for CUDA tensors; the arrays are on the CPU")
-    handle = getattr(stream, "cuda_stream", stream)
-    if not isinstance(handle, int):
-        raise TypeError(
-            f"stream: expected a torch.cuda.Stream or a cudaStream_t as int, got {type(stream).__name__}"
-        )
-    return handle
 
 
 def _gate_args(gate: str, A_log: Any, dt_bias: Any, lower_bound: float | None) -> float:
@@ -252,6 +240,7 @@ def prefill(
     chunk_state_indices=None,
     chunk_state_dtype: str | None = None,
     workspace=None,
+    plan=None,
     out=None,
     backend: str = "auto",
     stream=None,
@@ -289,7 +278,11 @@ def prefill(
       write pool rows or a dtype other than the state's yet (NotImplementedError); the CPU
       backends do.
     * ``workspace``: CUDA scratch of ``prefill_workspace_size(...)`` bytes (any dtype, dense).
-      Allocated per call when None; pass one to keep allocation off the run path.
+      Allocated per call when None; pass one to keep allocation off the run path. The call
+      builds its plan (sequence ranges, chunk map) into it first.
+    * ``plan``: a ``PrefillPlan`` from ``prefill_plan`` for this batch (same B, T, N and
+      cu_seqlens values): its workspace is used and the plan step is skipped, so every layer of
+      a forward step shares one plan (see kdakit.plan). Not together with ``workspace``.
     * ``out``: preallocated ``o``. ``backend``: ``"auto"``; on the CPU ``"chunked"`` (fp32, the
       GPU algorithm) or ``"reference"`` (float64 token by token). ``stream``: a
       ``torch.cuda.Stream`` or ``cudaStream_t`` int; default the current torch stream.
@@ -308,21 +301,111 @@ def prefill(
         chunk_state_indices=chunk_state_indices, chunk_state_dtype=chunk_state_dtype, out=out,
         backend=backend,
     )
-    handle = _stream_handle(kind, stream)
-    with _arrays.device_guard(kind):
-        if kind.is_cuda and workspace is None:
-            nbytes = ext().prefill_workspace_size(*arrays, **args)
-            workspace = _arrays.empty(kind, (max(int(nbytes), 1),), "uint8")
+    plan_ready = False
+    if plan is not None:
         if workspace is not None:
-            _arrays.classify({"q": q, "workspace": workspace})
-        ext().prefill(*arrays, **args, workspace=workspace, stream=handle)
+            raise ValueError("plan: carries its own workspace; pass plan or workspace, not both")
+        if not isinstance(plan, PrefillPlan):
+            raise TypeError(f"plan: expected a kdakit.PrefillPlan, got {type(plan).__name__}")
+        B, T = q.shape[0], q.shape[1]
+        plan.check_matches(B, T, _num_seqs(q, cu_seqlens), v.shape[2], cu_seqlens is not None)
+        workspace = plan.workspace
+        plan_ready = workspace is not None
+        if kind.is_cuda and workspace is None:
+            raise TypeError("plan: built for the CPU (no workspace), but the arrays are on CUDA")
+    if workspace is not None:
+        _arrays.classify({"q": q, "workspace": workspace})
+    op_buffers = _op_state_buffers(args) if kind.library == "torch" and stream is None else None
+    if op_buffers is not None:
+        # NOTE: through the registered custom op, so that torch.compile traces the call and
+        # sees which buffers it writes; it allocates a missing CUDA workspace itself.
+        _torch_prefill(arrays, args, op_buffers, workspace, plan_ready)
+    else:
+        # NOTE: also torch tensors whose state buffers alias in a way the op's schema cannot
+        # state (see _op_state_buffers): a direct call, eager only.
+        handle = _arrays.stream_handle(kind, stream)
+        with _arrays.device_guard(kind):
+            if kind.is_cuda and workspace is None:
+                nbytes = ext().prefill_workspace_size(*arrays, **args)
+                workspace = _arrays.empty(kind, (max(int(nbytes), 1),), "uint8")
+            ext().prefill(*arrays, **args, workspace=workspace, plan_ready=plan_ready,
+                          stream=handle)
     return PrefillOutput(arrays[5], args["final_state"], args["chunk_states"])
 
 
-def prefill_workspace_size(q, k, v, g, beta, **kwargs) -> int:
-    """Bytes of CUDA workspace ``prefill`` needs for these arguments (same keywords as
-    ``prefill``; outputs not given are sized but not kept). 0 on the CPU."""
+def _op_state_buffers(args: dict) -> dict | None:
+    """The state arguments of the kdakit::prefill custom op (torch_ops) for ``args``: a pool
+    that is also ``final_state`` is passed once, as ``final_state``, with ``state_in_place``
+    (it is the initial state too) and ``chunk_states_in_pool`` (it takes the chunk states too),
+    so that no input of the op aliases a mutated one. None when the schema cannot say it: a
+    pool read densely but written through indices (validation rejects it), or chunk states into
+    rows of the initial-state pool when that pool is not also the final one."""
+    init, fin, chunks = args["initial_state"], args["final_state"], args["chunk_states"]
+    init_idx, fin_idx = args["initial_state_indices"], args["final_state_indices"]
+    in_place = init is not None and init is fin
+    if in_place and init_idx is None and fin_idx is not None:
+        return None
+    if init is not None and chunks is init and not in_place:
+        return None
+    return dict(
+        initial_state=None if in_place else init,
+        # NOTE: with the same indices the op reads through final_state_indices.
+        initial_state_indices=None if in_place and init_idx is fin_idx else init_idx,
+        chunk_states=None if chunks is not None and chunks is fin else chunks,
+        state_in_place=in_place,
+        chunk_states_in_pool=chunks is not None and chunks is fin,
+    )
+
+
+def _torch_prefill(arrays, args, buffers: dict, workspace, plan_ready: bool) -> None:
+    """kdakit::prefill (torch_ops) on torch tensors, with the state arguments of
+    _op_state_buffers."""
+    from . import torch_ops
+
+    torch_ops.prefill(
+        *arrays, args["A_log"], args["dt_bias"], args["cu_seqlens"], buffers["initial_state"],
+        buffers["initial_state_indices"], args["final_state"], args["final_state_indices"],
+        buffers["chunk_states"], args["chunk_state_indices"], workspace,
+        args["chunk_state_interval"], plan_ready, buffers["state_in_place"],
+        buffers["chunk_states_in_pool"], args["gate"], args["state_layout"], args["scale"],
+        args["lower_bound"], args["use_qk_l2norm"], args["use_beta_sigmoid"],
+        args["allow_neg_eigval"], args["scalar_gate"], args["backend"],
+    )
+
+
+def prefill_workspace_size(q=None, k=None, v=None, g=None, beta=None, *,
+                           num_tokens: int | None = None, num_v_heads: int | None = None,
+                           num_seqs: int | None = None, batch: int | None = None,
+                           **kwargs) -> int:
+    """Bytes of CUDA workspace ``prefill`` (and ``prefill_plan``) needs, in one of two forms:
+
+    * from a call's arguments: ``prefill_workspace_size(q, k, v, g, beta, **prefill_kwargs)``
+      (same keywords as ``prefill``; outputs not given are sized but not kept); 0 on the CPU.
+    * from sizes alone, as an engine allocates once for its largest batch:
+      ``prefill_workspace_size(num_tokens=T, num_v_heads=HV, num_seqs=N)`` for N packed
+      sequences of T tokens in total, or ``batch=B`` instead of ``num_seqs`` for a fixed
+      ``[B, T]`` batch. The size never decreases as T, N, B or HV grow, so that buffer serves
+      every smaller batch. 0 in a build without CUDA.
+    """
+    sizes = {"num_tokens": num_tokens, "num_v_heads": num_v_heads, "num_seqs": num_seqs,
+             "batch": batch}
+    if q is None:
+        if any(x is not None for x in (k, v, g, beta)) or kwargs:
+            raise TypeError("prefill_workspace_size: the sizes form takes only num_tokens, "
+                            "num_v_heads, num_seqs and batch")
+        if num_tokens is None or num_v_heads is None:
+            raise TypeError("prefill_workspace_size: pass the call's tensors (q, k, v, g, beta, "
+                            "...) or the sizes num_tokens= and num_v_heads= with num_seqs= "
+                            "(packed) or batch= (fixed)")
+        return batch_workspace_size(num_tokens, num_v_heads, num_seqs, batch)
+    given = [name for name, x in sizes.items() if x is not None]
+    if given:
+        raise TypeError(f"prefill_workspace_size: {', '.join(given)} belong to the sizes form; "
+                        "pass either tensors or sizes")
+    if any(x is None for x in (k, v, g, beta)):
+        raise TypeError("prefill_workspace_size: expected q, k, v, g and beta")
     kwargs.pop("workspace", None)
+    kwargs.pop("plan", None)
     kwargs.pop("stream", None)
     defaults = dict(
         gate="precomputed", A_log=None, dt_bias=None, lower_bound=None, scale=None,
@@ -397,14 +480,23 @@ def decode(
         scale = K ** -0.5
     if out is None:
         out = _arrays.empty(kind, (B, T, HV, V), _arrays.dtype_name(v))
-    handle = _stream_handle(kind, stream)
+    options = dict(
+        gate=gate, state_layout=state_layout, scale=float(scale), lower_bound=lb,
+        use_qk_l2norm=bool(use_qk_l2norm), use_beta_sigmoid=bool(use_beta_sigmoid),
+        allow_neg_eigval=bool(allow_neg_eigval), scalar_gate=bool(scalar_gate),
+        null_slot_is_padding=bool(null_slot_is_padding), backend=backend,
+    )
+    if kind.library == "torch" and stream is None:
+        from . import torch_ops  # NOTE: the custom op, for torch.compile (see prefill)
+
+        torch_ops.decode(q, k, v, g, beta, out, state, state_indices, A_log, dt_bias,
+                         cu_seqlens, num_accepted_tokens, **options)
+        return out
+    handle = _arrays.stream_handle(kind, stream)
     with _arrays.device_guard(kind):
         ext().decode(
             q, k, v, g, beta, out, state, state_indices, A_log=A_log, dt_bias=dt_bias,
-            cu_seqlens=cu_seqlens, num_accepted_tokens=num_accepted_tokens, gate=gate,
-            state_layout=state_layout, scale=float(scale), lower_bound=lb,
-            use_qk_l2norm=bool(use_qk_l2norm), use_beta_sigmoid=bool(use_beta_sigmoid),
-            allow_neg_eigval=bool(allow_neg_eigval), scalar_gate=bool(scalar_gate),
-            null_slot_is_padding=bool(null_slot_is_padding), backend=backend, stream=handle,
+            cu_seqlens=cu_seqlens, num_accepted_tokens=num_accepted_tokens, **options,
+            stream=handle,
         )
     return out

@@ -11,6 +11,7 @@
 
 #include "api/check.h"
 #include "api/metadata_checks.h"
+#include "cuda/sm90/prefill/workspace.h"
 
 namespace kdakit {
 namespace {
@@ -51,6 +52,24 @@ Status copy_cu_seqlens(const void* cu, DType dtype, int64_t num_seqs, cudaStream
   return Status::Ok();
 }
 
+// The plan region of p.workspace (laid out as workspace.h says for these sizes).
+Status copy_plan_region(const PrefillParams& p, cudaStream_t stream,
+                        detail::PrefillPlanRegion& out) {
+  const sm90::prefill::WorkspacePlan w = sm90::prefill::make_workspace_plan(
+      p.batch, p.seqlen, p.num_seqs, p.cu_seqlens != nullptr, p.num_v_heads);
+  const auto* base = static_cast<const unsigned char*>(p.workspace);
+  const size_t N = static_cast<size_t>(p.num_seqs);
+  KDAKIT_RETURN_IF_ERROR(copy_to_host("the plan's chunk_offsets", base + w.chunk_offsets_offset,
+                                      N + 1, stream, out.chunk_offsets));
+  KDAKIT_RETURN_IF_ERROR(copy_to_host("the plan's chunk_seq", base + w.chunk_seq_offset,
+                                      static_cast<size_t>(w.max_chunks), stream, out.chunk_seq));
+  KDAKIT_RETURN_IF_ERROR(
+      copy_to_host("the plan's seq_start", base + w.seq_start_offset, N, stream, out.seq_start));
+  KDAKIT_RETURN_IF_ERROR(
+      copy_to_host("the plan's seq_len", base + w.seq_len_offset, N, stream, out.seq_len));
+  return Status::Ok();
+}
+
 }  // namespace
 
 bool debug_checks_enabled() {
@@ -82,7 +101,34 @@ Status debug_check(const PrefillParams& p, cudaStream_t stream) {
                                         static_cast<size_t>(p.num_chunk_states), stream,
                                         m.chunk_state_indices));
   }
-  return detail::check_metadata(p, m);
+  KDAKIT_RETURN_IF_ERROR(detail::check_metadata(p, m));
+  if (p.plan_ready) {
+    detail::PrefillPlanRegion plan;
+    KDAKIT_RETURN_IF_ERROR(copy_plan_region(p, stream, plan));
+    KDAKIT_RETURN_IF_ERROR(
+        detail::check_prefill_plan(p, m.cu_seqlens, sm90::prefill::kChunk, plan));
+  }
+  return Status::Ok();
+}
+
+Status debug_check_plan(const PrefillParams& p, cudaStream_t stream) {
+  KDAKIT_RETURN_IF_ERROR(refuse_under_capture(stream));
+  detail::PrefillMetadata m;
+  if (p.cu_seqlens != nullptr) {
+    KDAKIT_RETURN_IF_ERROR(
+        copy_cu_seqlens(p.cu_seqlens, p.dtype_cu_seqlens, p.num_seqs, stream, m.cu_seqlens));
+  }
+  // NOTE: the batch fields alone. prefill_plan reads no state, index or chunk-state argument
+  // (each prefill that uses the plan checks those), and the per-buffer row rules would need
+  // host copies of index arrays that this check does not make.
+  PrefillParams batch;
+  batch.batch = p.batch;
+  batch.seqlen = p.seqlen;
+  batch.num_seqs = p.num_seqs;
+  batch.num_v_heads = p.num_v_heads;
+  batch.cu_seqlens = p.cu_seqlens;
+  batch.dtype_cu_seqlens = p.dtype_cu_seqlens;
+  return detail::check_metadata(batch, m);
 }
 
 Status debug_check(const DecodeParams& p, cudaStream_t stream) {

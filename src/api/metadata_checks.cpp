@@ -189,4 +189,64 @@ Status check_metadata(const DecodeParams& p, const DecodeMetadata& m) {
   return Status::Ok();
 }
 
+PrefillPlanRegion expected_prefill_plan(const PrefillParams& p, const std::vector<int64_t>& cu,
+                                        int64_t chunk, int64_t max_chunks) {
+  const int64_t N = p.num_seqs, T = p.seqlen;
+  PrefillPlanRegion r;
+  r.seq_start.assign(static_cast<size_t>(N), 0);
+  r.seq_len.assign(static_cast<size_t>(N), 0);
+  r.chunk_offsets.assign(static_cast<size_t>(N + 1), 0);
+  r.chunk_seq.assign(static_cast<size_t>(max_chunks), -1);
+  std::vector<int64_t> pos(static_cast<size_t>(N + 1), 0);
+  for (int64_t m = 0, running = 0; m <= N; ++m) {
+    const int64_t raw = cu.empty() ? 0 : cu[static_cast<size_t>(m)];
+    running = std::max(running, std::clamp<int64_t>(raw, 0, T));
+    pos[static_cast<size_t>(m)] = running;
+  }
+  int64_t total = 0;
+  for (int64_t n = 0; n < N; ++n) {
+    const auto i = static_cast<size_t>(n);
+    r.seq_start[i] = cu.empty() ? 0 : pos[i];
+    r.seq_len[i] = static_cast<int32_t>(cu.empty() ? T : pos[i + 1] - pos[i]);
+    r.chunk_offsets[i] = static_cast<int32_t>(total);
+    const int64_t chunks = (r.seq_len[i] + chunk - 1) / chunk;
+    for (int64_t c = total; c < total + chunks && c < max_chunks; ++c) {
+      r.chunk_seq[static_cast<size_t>(c)] = static_cast<int32_t>(n);
+    }
+    total += chunks;
+  }
+  r.chunk_offsets[static_cast<size_t>(N)] = static_cast<int32_t>(total);
+  return r;
+}
+
+namespace {
+
+template <typename T>
+Status compare_plan_array(const char* name, const std::vector<T>& got, const std::vector<T>& want) {
+  KDAKIT_CHECK(got.size() == want.size(), kInternal, "plan_ready: host copy of ", name, " holds ",
+               got.size(), " entries, expected ", want.size());
+  for (size_t i = 0; i < got.size(); ++i) {
+    KDAKIT_CHECK(got[i] == want[i], kInvalidArgument,
+                 "plan_ready: the plan in workspace does not belong to this batch: ", name, "[", i,
+                 "] = ", got[i], ", expected ", want[i],
+                 " from cu_seqlens and the sizes; run prefill_plan after every change of "
+                 "cu_seqlens, T or N");
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+Status check_prefill_plan(const PrefillParams& p, const std::vector<int64_t>& cu, int64_t chunk,
+                          const PrefillPlanRegion& got) {
+  const PrefillPlanRegion want =
+      expected_prefill_plan(p, cu, chunk, static_cast<int64_t>(got.chunk_seq.size()));
+  KDAKIT_RETURN_IF_ERROR(compare_plan_array("seq_start", got.seq_start, want.seq_start));
+  KDAKIT_RETURN_IF_ERROR(compare_plan_array("seq_len", got.seq_len, want.seq_len));
+  KDAKIT_RETURN_IF_ERROR(
+      compare_plan_array("chunk_offsets", got.chunk_offsets, want.chunk_offsets));
+  KDAKIT_RETURN_IF_ERROR(compare_plan_array("chunk_seq", got.chunk_seq, want.chunk_seq));
+  return Status::Ok();
+}
+
 }  // namespace kdakit::detail

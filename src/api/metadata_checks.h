@@ -37,4 +37,24 @@ struct DecodeMetadata {
 Status check_metadata(const PrefillParams& p, const PrefillMetadata& m);
 Status check_metadata(const DecodeParams& p, const DecodeMetadata& m);
 
+// The plan region of the prefill workspace (src/cuda/sm90/prefill/workspace.h), as host arrays.
+struct PrefillPlanRegion {
+  std::vector<int32_t> chunk_offsets;  // [N + 1]
+  std::vector<int32_t> chunk_seq;      // [max_chunks]
+  std::vector<int64_t> seq_start;      // [N]
+  std::vector<int32_t> seq_len;        // [N]
+};
+
+// What the plan kernel writes for the batch fields of p and the host offsets `cu` (empty for a
+// fixed batch), with chunks of `chunk` tokens and `max_chunks` chunk_seq entries: offsets
+// clamped into [0, T] and made non-decreasing, lengths, exclusive sum of the chunk counts, the
+// sequence of every chunk (-1 past the total).
+PrefillPlanRegion expected_prefill_plan(const PrefillParams& p, const std::vector<int64_t>& cu,
+                                        int64_t chunk, int64_t max_chunks);
+
+// kInvalidArgument naming the first entry of `got` that differs from the expected plan: the
+// plan_ready check of debug mode (a plan built for other offsets or sizes).
+Status check_prefill_plan(const PrefillParams& p, const std::vector<int64_t>& cu, int64_t chunk,
+                          const PrefillPlanRegion& got);
+
 }  // namespace kdakit::detail

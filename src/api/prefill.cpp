@@ -1,6 +1,6 @@
 // kdakit::prefill: validate -> workspace check -> (debug-mode metadata check) -> features the
 // kernels build -> sm_90a dispatch. The run path reads no device memory on the host and
-// allocates nothing.
+// allocates nothing. The workspace size and the plan step live in plan.cpp.
 #include "api/check.h"
 #include "kdakit/kdakit.h"
 
@@ -12,10 +12,10 @@
 namespace kdakit {
 namespace {
 
-// PrefillParams fields the sm_90a prefill kernels (chunked and token-serial) do not read yet;
-// the CPU backend implements them. Each is kUnsupported here rather than a wrong answer. When
-// a kernel reads one (docs/design/20261201-prefill-pool.md lists the semantics), drop its
-// check.
+// PrefillParams fields the sm_90a prefill kernels (fused, chunked and token-serial) do not
+// read yet; the CPU backend implements them. Each is kUnsupported here rather than a wrong
+// answer. When a kernel reads one (docs/design/20261201-prefill-pool.md lists the semantics),
+// drop its check.
 [[maybe_unused]] Status check_kernel_features(const PrefillParams& p) {
   if (p.chunk_states == nullptr) return Status::Ok();
   KDAKIT_CHECK(p.chunk_state_indices == nullptr, kUnsupported,
@@ -40,18 +40,6 @@ bool built_with_cuda() {
   return true;
 #else
   return false;
-#endif
-}
-
-// NOTE: invalid params size no workspace (0 bytes): the sizes may be negative or absurd, and
-// the prefill call that follows reports the validation error.
-size_t prefill_workspace_size(const PrefillParams& p) {
-#if KDAKIT_WITH_CUDA
-  if (!validate(p).ok()) return 0;
-  return sm90::prefill_workspace_size(p);
-#else
-  (void)p;
-  return 0;
 #endif
 }
 

@@ -10,8 +10,11 @@
 //   4. required tensors and per-tensor layout (strides, alignment) of every view
 //   5. state buffers (pool slots, state strides, chunk states)
 //   6. aliasing between the written buffers and everything else
+//   7. plan (prefill: plan_ready needs the workspace holding the plan)
 // Messages name the argument as the Python package (and FLA) spells it, what was expected and
 // what was given.
+#include "api/validate.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -102,8 +105,9 @@ ByteRange byte_range(const View& t) {
 
 // --- 1. sizes -----------------------------------------------------------------------------
 
+// Batch, tokens and sequences: the part of the sizes that the prefill workspace and plan use.
 template <typename P>
-Status check_sizes(const P& c) {
+Status check_batch_sizes(const P& c) {
   KDAKIT_CHECK(c.batch >= 0, kInvalidArgument, "batch: expected a batch size >= 0, got ", c.batch);
   KDAKIT_CHECK(c.seqlen >= 0, kInvalidArgument,
                "seqlen: expected a token count T >= 0 (dim 1 of q), got ", c.seqlen);
@@ -118,6 +122,12 @@ Status check_sizes(const P& c) {
     KDAKIT_CHECK(c.num_seqs == c.batch, kInvalidArgument, "num_seqs: expected N = batch size (",
                  c.batch, ") without cu_seqlens, got ", c.num_seqs);
   }
+  return Status::Ok();
+}
+
+template <typename P>
+Status check_sizes(const P& c) {
+  KDAKIT_RETURN_IF_ERROR(check_batch_sizes(c));
   KDAKIT_CHECK(c.num_qk_heads > 0, kInvalidArgument, "q, k: expected a number of heads H > 0, got ",
                c.num_qk_heads);
   KDAKIT_CHECK(c.num_v_heads > 0, kInvalidArgument,
@@ -532,8 +542,31 @@ Status validate(const PrefillParams& p) {
                  "workspace: expected scratch memory that shares no memory with o, got "
                  "overlapping byte ranges");
   }
+
+  // --- 7. plan
+  KDAKIT_CHECK(!p.plan_ready || p.workspace != nullptr, kInvalidArgument,
+               "plan_ready: needs the workspace that prefill_plan wrote the plan into, got "
+               "workspace None");
   return Status::Ok();
 }
+
+namespace detail {
+
+Status validate_batch(const PrefillParams& p) {
+  KDAKIT_RETURN_IF_ERROR(check_batch_sizes(p));
+  KDAKIT_CHECK(p.num_v_heads > 0, kInvalidArgument,
+               "v: expected a number of value heads HV > 0, got ", p.num_v_heads);
+  if (p.cu_seqlens != nullptr) {
+    KDAKIT_CHECK(p.dtype_cu_seqlens == DType::kInt32 || p.dtype_cu_seqlens == DType::kInt64,
+                 kInvalidType, "cu_seqlens: expected dtype int32 or int64, got ",
+                 to_string(p.dtype_cu_seqlens));
+    KDAKIT_RETURN_IF_ERROR(
+        check_view(vector_view("cu_seqlens", p.cu_seqlens, p.dtype_cu_seqlens, p.num_seqs + 1)));
+  }
+  return Status::Ok();
+}
+
+}  // namespace detail
 
 // ------------------------------------------------------------------------------------------
 // Decode

@@ -1,6 +1,8 @@
 // kdakit._kdakit.prefill / prefill_workspace_size: DLPack arrays -> kdakit::PrefillParams ->
 // kdakit::prefill (CUDA arrays, on the given stream) or kdakit::cpu::prefill_chunked /
-// prefill_reference (CPU arrays). Outputs are preallocated by the caller.
+// prefill_reference (CPU arrays). Outputs are preallocated by the caller. The plan step:
+// prefill_plan (kdakit::prefill_plan into a caller's workspace) and prefill_batch_workspace_size
+// (the workspace size from the batch sizes alone).
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
 
@@ -28,14 +30,81 @@ DType check_state(const ArrayView& s, int64_t slots, const PrefillParams& p, con
   return expect_dtype(s, {DType::kFloat32, DType::kBFloat16});
 }
 
+// The workspace argument (any dtype, dense) as pointer and byte count.
+void fill_workspace(PrefillParams& p, Placement& where, const OutArray& workspace) {
+  const ArrayView w = view("workspace", workspace);
+  expect_same_device(where, w);
+  expect_contiguous_from(w, 0, "workspace");
+  p.workspace = w.data;
+  int64_t elements = 1;
+  for (size_t i = 0; i < w.ndim; ++i) elements *= w.size(i);
+  p.workspace_bytes = static_cast<size_t>(elements) * ((w.dtype.bits + 7) / 8);
+}
+
+// The batch fields of PrefillParams from sizes: N sequences packed into one row of T tokens
+// (packed), or B rows of T tokens.
+PrefillParams batch_params(int64_t batch, int64_t seqlen, int64_t num_seqs, int64_t num_v_heads) {
+  if (num_v_heads < 1 || num_v_heads > INT32_MAX) {
+    raise_value_error("num_v_heads: expected a number of value heads HV >= 1, got " +
+                      std::to_string(num_v_heads));
+  }
+  PrefillParams p;
+  p.batch = batch;
+  p.seqlen = seqlen;
+  p.num_seqs = num_seqs;
+  p.num_v_heads = static_cast<int32_t>(num_v_heads);
+  return p;
+}
+
+// kdakit._kdakit.prefill_plan: cu_seqlens (CUDA, or None for a fixed batch) -> the plan region
+// of `workspace`, on `stream`.
+void prefill_plan_entry(OptIn cu_seqlens_in, OutArray workspace_in, int64_t batch, int64_t seqlen,
+                        int64_t num_v_heads, uintptr_t stream) {
+  Placement where;
+  PrefillParams p = batch_params(batch, seqlen, batch, num_v_heads);
+  if (cu_seqlens_in) {
+    const ArrayView c = view("cu_seqlens", *cu_seqlens_in);
+    expect_same_device(where, c);
+    expect_rank(c, 1, "[N + 1]");
+    if (c.size(0) < 1) raise_value_error("cu_seqlens: expected at least one offset, got none");
+    expect_contiguous_from(c, 0, "cu_seqlens");
+    p.dtype_cu_seqlens = expect_dtype(c, {DType::kInt32, DType::kInt64});
+    p.cu_seqlens = c.data;
+    p.num_seqs = c.size(0) - 1;
+  }
+  fill_workspace(p, where, workspace_in);
+  if (!where.is_cuda()) {
+    raise_value_error("workspace: prefill_plan runs on CUDA arrays; the CPU backend needs no plan");
+  }
+  Status status;
+  {
+    nb::gil_scoped_release release;
+    status = kdakit::prefill_plan(p, reinterpret_cast<cudaStream_t>(stream));
+  }
+  raise_if_error(status);
+}
+
+// kdakit._kdakit.prefill_batch_workspace_size: bytes for N packed sequences of T tokens in
+// total (packed), or B rows of T tokens, with HV value heads; 0 for inconsistent sizes (the
+// Python layer checks them first) and in a build without CUDA.
+size_t batch_workspace_size(int64_t batch, int64_t seqlen, int64_t num_seqs, int64_t num_v_heads,
+                            bool packed) {
+  PrefillParams p = batch_params(batch, seqlen, num_seqs, num_v_heads);
+  // NOTE: the size depends on whether cu_seqlens is given, never on its contents or address:
+  // any aligned non-null pointer stands for it.
+  alignas(8) static const int64_t kAnyOffsets[1] = {0};
+  if (packed) p.cu_seqlens = kAnyOffsets;
+  return prefill_workspace_size(p);
+}
+
 template <bool kSizeOnly>
 auto prefill_entry(InArray q_in, InArray k_in, InArray v_in, InArray g_in, InArray beta_in,
                    OutArray o_in, OptIn A_log_in, OptIn dt_bias_in, OptIn cu_seqlens_in,
                    OptIn initial_state_in, OptIn initial_state_indices_in, OptOut final_state_in,
                    OptIn final_state_indices_in, OptOut chunk_states_in,
                    OptIn chunk_state_indices_in, int64_t chunk_state_interval, OptOut workspace_in,
-                   const std::string& gate, const std::string& state_layout, double scale,
-                   double lower_bound, bool use_qk_l2norm, bool use_beta_sigmoid,
+                   bool plan_ready, const std::string& gate, const std::string& state_layout,
+                   double scale, double lower_bound, bool use_qk_l2norm, bool use_beta_sigmoid,
                    bool allow_neg_eigval, bool scalar_gate, const std::string& backend,
                    uintptr_t stream) {
   PrefillParams p;
@@ -162,15 +231,8 @@ auto prefill_entry(InArray q_in, InArray k_in, InArray v_in, InArray g_in, InArr
     p.dtype_state = *p.dtype_chunk_states;
   }
 
-  if (workspace_in) {
-    const ArrayView w = view("workspace", *workspace_in);
-    expect_same_device(where, w);
-    expect_contiguous_from(w, 0, "workspace");
-    p.workspace = w.data;
-    int64_t elements = 1;
-    for (size_t i = 0; i < w.ndim; ++i) elements *= w.size(i);
-    p.workspace_bytes = static_cast<size_t>(elements) * ((w.dtype.bits + 7) / 8);
-  }
+  if (workspace_in) fill_workspace(p, where, *workspace_in);
+  p.plan_ready = plan_ready;
 
   const Backend chosen =
       resolve_backend("prefill", asked, where, Backend::kChunked, /*chunked_available=*/true);
@@ -203,8 +265,9 @@ void def_prefill(nb::module_& m, const char* name, Fn fn, const char* doc) {
         nb::arg("initial_state_indices") = nb::none(), nb::arg("final_state") = nb::none(),
         nb::arg("final_state_indices") = nb::none(), nb::arg("chunk_states") = nb::none(),
         nb::arg("chunk_state_indices") = nb::none(), nb::arg("chunk_state_interval") = 0,
-        nb::arg("workspace") = nb::none(), nb::arg("gate") = "precomputed",
-        nb::arg("state_layout") = "v_first", nb::arg("scale"), nb::arg("lower_bound") = 0.0,
+        nb::arg("workspace") = nb::none(), nb::arg("plan_ready") = false,
+        nb::arg("gate") = "precomputed", nb::arg("state_layout") = "v_first", nb::arg("scale"),
+        nb::arg("lower_bound") = 0.0,
         nb::arg("use_qk_l2norm") = false, nb::arg("use_beta_sigmoid") = false,
         nb::arg("allow_neg_eigval") = false, nb::arg("scalar_gate") = false,
         nb::arg("backend") = "auto", nb::arg("stream") = 0, doc);
@@ -220,6 +283,16 @@ void register_prefill(nb::module_& m) {
               "(backend='chunked' or 'auto') or the float64 reference (backend='reference').");
   def_prefill(m, "prefill_workspace_size", &prefill_entry<true>,
               "Bytes of device workspace kdakit::prefill needs for these arguments.");
+  m.def("prefill_plan", &prefill_plan_entry, nb::arg("cu_seqlens").none(), nb::arg("workspace"),
+        nb::kw_only(), nb::arg("batch") = 1, nb::arg("seqlen"), nb::arg("num_v_heads"),
+        nb::arg("stream") = 0,
+        "kdakit::prefill_plan: writes the plan of this batch (cu_seqlens [N + 1] on CUDA, or "
+        "None for a fixed batch of `batch` rows) into the plan region of `workspace`, on "
+        "`stream` (a cudaStream_t as int).");
+  m.def("prefill_batch_workspace_size", &batch_workspace_size, nb::kw_only(), nb::arg("batch"),
+        nb::arg("seqlen"), nb::arg("num_seqs"), nb::arg("num_v_heads"), nb::arg("packed"),
+        "Bytes of prefill workspace (plan region included) for a batch of these sizes; 0 in a "
+        "build without CUDA.");
 }
 
 }  // namespace kdakit::bindings

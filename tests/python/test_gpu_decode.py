@@ -5,6 +5,10 @@ output), chained decode steps, speculative decoding with random accepted counts,
 counts, GVA, bf16 and fp32 pools, K-first and V-first; outputs are poisoned (NaN) first.
 Skipped without torch, a CUDA device or a CUDA build.
 
+Every single-column V-first case also runs once per decode kernel variant (KDAKIT_DECODE_VARIANT,
+KDAKIT_DECODE_PDL, KDAKIT_DECODE_RING_CTAS; src/cuda/sm90/decode/dispatch.cu), and the variant the
+dispatcher printed (KDAKIT_PRINT_CONFIGS) must be the forced one.
+
 Bars: output 8e-3 for bf16 activations (bf16 output rounding dominates), fp32 pool 2e-5,
 bf16 pool 8e-3 (its storage rounding)."""
 
@@ -62,10 +66,40 @@ CASES = [
     ("spec-s3", 8, 4, 4, 4, 4, "float32", "v_first", True, 0),
     ("spec-s3-bf16-padding", 8, 4, 2, 4, 4, "bfloat16", "v_first", True, 2),
     ("spec-s3-kfirst", 6, 4, 4, 4, 4, "float32", "k_first", True, 0),
-    # more than 1024 32-row slices: the staged kernel with 64-row slices (dispatch.cu)
+    # 6400 32-row slices: the ring kernel by default (dispatch.cu), padding rows mixed in
     ("many-items-fp32", 200, 1, 8, 8, 1, "float32", "v_first", False, 17),
     ("many-items-bf16", 200, 1, 8, 8, 1, "bfloat16", "v_first", False, 17),
 ]
+
+
+# "name[@ctas][+pdl]": KDAKIT_DECODE_VARIANT=name, KDAKIT_DECODE_RING_CTAS=ctas (the ring grid
+# capped, so that each warp streams many units), KDAKIT_DECODE_PDL=1 with "+pdl".
+VARIANTS = ["registers", "staged", "staged64", "direct32", "direct16", "ring8x3", "ring12x2", "ring4x6", "ring8x3bs",
+            "direct32+pdl", "ring8x3+pdl", "ring4x6@3", "ring12x2@2+pdl", "ring8x3bs@3+pdl"]
+SINGLE_COLUMN = [c for c in CASES if c[5] == 1 and c[7] == "v_first"]
+
+
+def _force_variant(monkeypatch, spec):
+    """Sets the variant's environment; returns what the dispatcher prints for it."""
+    pdl = spec.endswith("+pdl")
+    name = spec[:-4] if pdl else spec
+    if "@" in name:
+        name, ctas = name.split("@")
+        monkeypatch.setenv("KDAKIT_DECODE_RING_CTAS", ctas)
+    monkeypatch.setenv("KDAKIT_DECODE_VARIANT", name)
+    monkeypatch.setenv("KDAKIT_DECODE_PDL", "1" if pdl else "0")
+    monkeypatch.setenv("KDAKIT_PRINT_CONFIGS", "1")
+    fast = name.startswith(("direct", "ring"))
+    return f"variant={name} pdl={1 if pdl and fast else 0}"
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("case", SINGLE_COLUMN, ids=[c[0] for c in SINGLE_COLUMN])
+def test_decode_variant_matches_reference(case, variant, monkeypatch, capfd):
+    expected = _force_variant(monkeypatch, variant)
+    test_decode_matches_reference(case)
+    printed = capfd.readouterr().err
+    assert expected in printed, f"the dispatcher did not run {variant}: {printed.strip()}"
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
@@ -111,9 +145,14 @@ def test_decode_matches_reference(case):
             assert _rel_l2(got_pool[s], ref_pool[s]) <= STATE_BAR[pool_dtype], f"slot {s}"
 
 
-def test_decode_chained_steps_and_graph_replay():
+@pytest.mark.parametrize("variant", ["auto", "direct32+pdl", "direct16", "ring8x3+pdl", "ring4x6@2+pdl", "ring8x3bs+pdl",
+                                     "staged"])
+def test_decode_chained_steps_and_graph_replay(variant, monkeypatch):
     """Three steps on one pool with fresh inputs each step; the third replays a CUDA graph."""
     import torch
+
+    if variant != "auto":
+        _force_variant(monkeypatch, variant)
 
     B, H, K = 6, 4, 128
     gen = torch.Generator(device="cuda")

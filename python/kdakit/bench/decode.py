@@ -21,31 +21,44 @@ a fraction of the 4.27 TB/s copy ceiling measured on H200 (TARGETS.md), FLA's ti
 speedup; then a geometric mean. Each case first checks kdakit's output against FLA's on the
 same inputs (relative L2), so a ratio never hides a wrong answer.
 
-Kernel variants: with ``--variants staged,staged64`` (a build configured with the CMake
-option KDAKIT_DECODE_VARIANT_SELECT=ON, which reads KDAKIT_DECODE_VARIANT on every call) each
-decode row is checked and timed once per variant in the same process, beside one FLA timing;
-``auto`` is the dispatcher's own choice. Speculative and prefill rows have one kernel and run once.
+Kernel variants: ``--variants`` takes a comma list of specs ``name[@ctas][+pdl]`` (``name`` a
+KDAKIT_DECODE_VARIANT value: registers, staged, staged64, direct32, direct16, ring8x3, ring12x2,
+ring4x6, ring8x3bs; ``+pdl`` sets KDAKIT_DECODE_PDL=1; ``@ctas`` caps the ring grid), ``auto`` (the
+dispatcher's choice), ``auto+pdl``, or ``all`` (every spec of ALL_VARIANTS). The dispatcher reads
+the variables on every call (src/cuda/sm90/decode/dispatch.cu), so each decode row is checked
+against FLA and timed once per variant in the same process, beside one FLA timing; the kernel
+that actually ran is read back from the dispatcher's KDAKIT_PRINT_CONFIGS line and printed (a
+variant that does not fit a case is reported, not timed). Speculative and prefill rows have one
+kernel and run once. After the rows: a compact table (case x variant: us, % of the 4.27 TB/s
+ceiling, FLA/kdakit) and the geometric mean of FLA/kdakit per variant.
 
 Usage::
 
-    python -m kdakit.bench.decode [--quick] [--repeats 20] [--variants auto] [--kinds decode,spec,prefill]
-                                  [--chunk-peer] [--json out.json]
+    python -m kdakit.bench.decode [--quick] [--repeats 20] [--variants auto|all|spec,...]
+                                  [--kinds decode,spec,prefill] [--cases SUBSTR,...] [--chunk-peer]
+                                  [--json out.json]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
+import re
 import statistics
 import sys
+import tempfile
 from dataclasses import asdict, dataclass
 
 COPY_CEILING_TBPS = 4.27  # H200 device-to-device copy, read + write (TARGETS.md)
 LOWER_BOUND = -5.0
 ROTATION_BYTES = 256 * 1024 * 1024
 MAX_POOL_BYTES = 24 * 1024**3
+ALL_VARIANTS = ["auto", "auto+pdl", "staged", "staged64", "direct32", "direct16", "ring8x3", "ring12x2", "ring4x6",
+                "ring8x3bs", "direct32+pdl", "direct16+pdl", "ring8x3+pdl", "ring12x2+pdl", "ring4x6+pdl",
+                "ring8x3bs+pdl"]
 
 
 @dataclass
@@ -72,6 +85,8 @@ class Row:
     fla_chunk_us: float | None
     rel_l2_vs_fla: float | None
     rotation: int
+    ran: str = ""  # the kernel the dispatcher reported (KDAKIT_PRINT_CONFIGS)
+    repro: str = ""
     note: str = ""
 
 
@@ -152,11 +167,63 @@ def _time_graph(torch, calls, repeats: int) -> float:
     return statistics.median(times)
 
 
-def _set_variant(variant: str) -> None:
-    if variant == "auto":
-        os.environ.pop("KDAKIT_DECODE_VARIANT", None)
-    else:
-        os.environ["KDAKIT_DECODE_VARIANT"] = variant
+_VARIANT_ENV = ("KDAKIT_DECODE_VARIANT", "KDAKIT_DECODE_PDL", "KDAKIT_DECODE_RING_CTAS")
+
+
+def _set_variant(spec: str) -> None:
+    """Environment of a variant spec ``name[@ctas][+pdl]`` (``auto``: the dispatcher's choice)."""
+    for key in _VARIANT_ENV:
+        os.environ.pop(key, None)
+    pdl = spec.endswith("+pdl")
+    name = spec[:-4] if pdl else spec
+    if "@" in name:
+        name, ctas = name.split("@", 1)
+        os.environ["KDAKIT_DECODE_RING_CTAS"] = ctas
+    if pdl:
+        os.environ["KDAKIT_DECODE_PDL"] = "1"
+    if name != "auto":
+        os.environ["KDAKIT_DECODE_VARIANT"] = name
+
+
+@contextlib.contextmanager
+def _capture_stderr_fd():
+    """Captures what native code writes to file descriptor 2; yields a list that gets the text."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    out: list[str] = []
+    with tempfile.TemporaryFile(mode="w+b") as tmp:
+        os.dup2(tmp.fileno(), 2)
+        try:
+            yield out
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            tmp.seek(0)
+            out.append(tmp.read().decode(errors="replace"))
+
+
+def _ran_variant(torch, call) -> str:
+    """Runs call() once with KDAKIT_PRINT_CONFIGS=1 and returns 'variant[+pdl]' as printed."""
+    os.environ["KDAKIT_PRINT_CONFIGS"] = "1"
+    try:
+        with _capture_stderr_fd() as text:
+            call()
+            torch.cuda.synchronize()
+    finally:
+        os.environ.pop("KDAKIT_PRINT_CONFIGS", None)
+    m = re.search(r"variant=(\S+) pdl=(\d)", "".join(text))
+    if not m:
+        return "?"
+    return m.group(1) + ("+pdl" if m.group(2) == "1" else "")
+
+
+def _expected_ran(spec: str) -> str | None:
+    """What the dispatcher must report for a forced spec (None for auto)."""
+    pdl = spec.endswith("+pdl")
+    name = (spec[:-4] if pdl else spec).split("@", 1)[0]
+    if name == "auto":
+        return None
+    return name + ("+pdl" if pdl and name.startswith(("direct", "ring")) else "")
 
 
 def run_case(torch, kdakit, fla_rec, fla_chunk, case: Case, repeats: int, gen, variants: list[str],
@@ -240,20 +307,55 @@ def run_case(torch, kdakit, fla_rec, fla_chunk, case: Case, repeats: int, gen, v
         _set_variant(variant)
         rel = None
         pool[used] = saved
-        kdakit_call(indices[0])()
-        torch.cuda.synchronize()
+        ran = _ran_variant(torch, kdakit_call(indices[0]))
+        expected = _expected_ran(variant)
+        if expected is not None and ran != expected:
+            print(f"  {case.name:28s} {variant:14s} not timed: the dispatcher ran {ran} (the variant does not fit)",
+                  flush=True)
+            continue
         if after_fla is not None:
             rel_o = float((o.float() - o_ref.float()).norm() / o_ref.float().norm().clamp_min(1e-30))
             rel_s = float((pool[used].float() - after_fla.float()).norm() / after_fla.float().norm())
             rel = max(rel_o, rel_s)
-        k_us = _time_graph(torch, [kdakit_call(i) for i in indices], repeats)
+        try:
+            k_us = _time_graph(torch, [kdakit_call(i) for i in indices], repeats)
+        except Exception as err:  # noqa: BLE001 - one variant that cannot be captured is reported
+            print(f"  {case.name:28s} {variant:14s} not timed: {type(err).__name__}: {err}", flush=True)
+            torch.cuda.synchronize()
+            continue
         tbps = moved / (k_us * 1e-6) / 1e12
         rows.append(Row(case.name, variant, k_us, tbps, tbps / COPY_CEILING_TBPS, f_us,
-                        (f_us / k_us) if f_us else None, chunk_us, rel, rotation))
+                        (f_us / k_us) if f_us else None, chunk_us, rel, rotation, ran=ran,
+                        repro=f"python -m kdakit.bench.decode --kinds {case.kind} --variants '{variant}' "
+                              f"--cases '{case.name}'"))
     _set_variant("auto")
     del pool, saved, after_fla, o_ref
     torch.cuda.empty_cache()
     return rows
+
+
+def _compact_table(rows: list[Row], variants: list[str]) -> str:
+    """case x variant: 'us / % of ceiling / FLA/kdakit' per cell, then the best variant per case."""
+    names = list(dict.fromkeys(r.name for r in rows))
+    cols = [v for v in variants if any(r.variant == v for r in rows)]
+    cell = {(r.name, r.variant): r for r in rows}
+    lines = ["| case | FLA us | " + " | ".join(cols) + " | best |", "|---|---|" + "---|" * len(cols) + "---|"]
+    for name in names:
+        fla = next((cell[(name, v)].fla_us for v in cols if (name, v) in cell), None)
+        parts, best = [], None
+        for v in cols:
+            r = cell.get((name, v))
+            if r is None:
+                parts.append("-")
+                continue
+            sp = f"x{r.speedup:.2f}" if r.speedup else "x-"
+            parts.append(f"{r.kdakit_us:.2f} / {100 * r.ceiling_fraction:.0f}% / {sp}")
+            if best is None or r.kdakit_us < best.kdakit_us:
+                best = r
+        fla_s = f"{fla:.2f}" if fla else "-"
+        best_s = f"{best.variant} ({best.kdakit_us:.2f})" if best else "-"
+        lines.append(f"| {name} | {fla_s} | " + " | ".join(parts) + f" | {best_s} |")
+    return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -262,12 +364,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=15)
     ap.add_argument("--json", default=None, help="write the rows here")
     ap.add_argument("--variants", default="auto",
-                    help="comma list of KDAKIT_DECODE_VARIANT values timed on decode rows (auto = the dispatcher's "
-                         "choice; others need a build with KDAKIT_DECODE_VARIANT_SELECT=ON)")
+                    help="comma list of variant specs name[@ctas][+pdl] timed on decode rows (auto = the dispatcher's "
+                         "choice), or 'all' for " + ",".join(ALL_VARIANTS))
+    ap.add_argument("--cases", default="", help="comma list of substrings: only cases whose name contains one")
     ap.add_argument("--chunk-peer", action="store_true", help="also time FLA chunk_kda on one prefill row (autotunes)")
     ap.add_argument("--kinds", default="decode,spec,prefill", help="comma list of row kinds to run")
     args = ap.parse_args(argv)
-    variants = [v for v in args.variants.split(",") if v]
+    variants = ALL_VARIANTS if args.variants == "all" else [v for v in args.variants.split(",") if v]
+    wanted = [c for c in args.cases.split(",") if c]
 
     import torch
 
@@ -283,13 +387,13 @@ def main(argv: list[str] | None = None) -> int:
     gen.manual_seed(0)
     rows = []
     kinds = set(args.kinds.split(","))
-    for case in [c for c in cases(args.quick) if c.kind in kinds]:
+    for case in [c for c in cases(args.quick) if c.kind in kinds and (not wanted or any(w in c.name for w in wanted))]:
         for row in run_case(torch, kdakit, fla_rec, fla_chunk, case, args.repeats, gen, variants, args.chunk_peer):
             rows.append(row)
-            print(f"  {row.name:28s} {row.variant:10s} kdakit {row.kdakit_us:9.2f} us  {row.state_tbps:5.2f} TB/s "
+            print(f"  {row.name:28s} {row.variant:14s} kdakit {row.kdakit_us:9.2f} us  {row.state_tbps:5.2f} TB/s "
                   f"({100 * row.ceiling_fraction:5.1f}%)  FLA {row.fla_us or float('nan'):9.2f} us  "
-                  f"x{row.speedup or float('nan'):5.2f}  rel-vs-FLA {row.rel_l2_vs_fla or float('nan'):.1e}",
-                  flush=True)
+                  f"x{row.speedup or float('nan'):5.2f}  rel-vs-FLA {row.rel_l2_vs_fla or float('nan'):.1e}  "
+                  f"ran {row.ran}", flush=True)
         if args.json:  # after every case, so that a run cut short keeps its rows
             with open(args.json, "w") as f:
                 json.dump([asdict(r) for r in rows], f, indent=1)
@@ -307,10 +411,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"| {r.name} | {r.variant} | {fl} | {r.kdakit_us:.2f} | {r.state_tbps:.2f} | "
               f"{100 * r.ceiling_fraction:.1f} | {fla} | {sp} | {ch} | {rel} |")
     for variant in variants:
-        speedups = [r.speedup for r in rows if r.speedup and (r.variant == variant or r.variant == "auto")]
+        speedups = [r.speedup for r in rows if r.speedup and (r.variant == variant or
+                                                            (r.variant == "auto" and not r.name.startswith("decode")))]
         if speedups:
             geo = math.exp(sum(math.log(s) for s in speedups) / len(speedups))
             print(f"geometric mean FLA/kdakit, variant {variant}, over {len(speedups)} cases: {geo:.2f}")
+    print("\ncompact (us / % of 4.27 TB/s / FLA/kdakit):")
+    print(_compact_table(rows, variants if "auto" in variants else ["auto"] + variants))
     return 0
 
 

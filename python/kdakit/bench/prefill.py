@@ -34,6 +34,18 @@ pool in place (``pool``, the row's kdakit time):
 
 Before timing, the pool variants are checked against gather+scatter on the same pool contents
 (``relL2 vs gather``). Usage: ``python -m kdakit.bench.prefill --pool [--cases H32] [--json f]``.
+
+Plan once per step against plan per call (kdakit.plan)::
+
+    python -m kdakit.bench.prefill --plan-compare [--cases 64x128,32x256,16x512]
+        [--plan-layers 20] [--json plan.json]
+
+times, under one CUDA graph each, a forward step of ``--plan-layers`` KDA layers (same inputs,
+one shared workspace) two ways: every layer builds its own plan (``prefill(workspace=ws)``, the
+default without a plan), and one ``prefill_plan`` followed by every layer with ``plan=``. It
+prints both per-step times, the saving per layer, and the plan kernel alone. Default cases: the
+many-short-sequence cases of TARGETS.md (H = 96, 64x128, 32x256, 16x512; the last one takes the
+token-serial kernel, which needs no plan, so there both times should agree).
 """
 
 from __future__ import annotations
@@ -142,9 +154,10 @@ def _pool_cases() -> list:
             for h in _POOL_HEADS for shape in _POOL_SHAPES]
 
 
-def _pool_variants(case, x) -> tuple[dict[str, Callable[[], Any]], Callable[[], None], Any, Any]:
+def _pool_variants(case, x) -> tuple[dict[str, Callable[[], Any]], Callable[[], None], Any, Any,
+                                     tuple[Any, Any]]:
     """The timed callables of one --pool case, a function that restores the pool's starting
-    contents, the output buffer and the pool."""
+    contents, the output buffer, the pool and the (read, write-elsewhere) slots."""
     import torch
 
     import kdakit
@@ -269,6 +282,73 @@ def pool_main(args) -> int:
     return 0
 
 
+PLAN_COMPARE_CASES = "H96-64x128,H96-32x256,H96-16x512"
+
+
+def _plan_compare(cases, layers: int, repeats: int, cooldown: float, json_path: str) -> int:
+    """Plan per call vs plan once per step (see the module docstring)."""
+    import torch
+
+    import kdakit
+
+    rows = []
+    for case in cases:
+        x = testing.prefill_inputs(case, lib="torch", device="cuda", seed=0)
+        B, T, HV, V = case.B, case.T, case.num_v_heads, case.V
+        out = torch.empty((B, T, HV, V), dtype=torch.bfloat16, device="cuda")
+        final = torch.empty_like(x["initial_state"])
+        kwargs = dict(gate=case.gate, A_log=x["A_log"], dt_bias=x["dt_bias"],
+                      lower_bound=LOWER_BOUND if case.gate == "lower_bound" else None,
+                      use_qk_l2norm=True, use_beta_sigmoid=True, cu_seqlens=x["cu_seqlens"],
+                      initial_state=x["initial_state"], final_state=final,
+                      state_layout="v_first")
+        args = (x["q"], x["k"], x["v"], x["g"], x["beta"])
+        batch = dict(num_seqs=case.N) if case.packed else dict(batch=B)
+        nbytes = kdakit.prefill_workspace_size(num_tokens=T, num_v_heads=HV, **batch)
+        ws = torch.empty(max(nbytes, 1), dtype=torch.uint8, device="cuda")
+        cu = x["cu_seqlens"]
+
+        def plan():
+            return kdakit.prefill_plan(cu, num_tokens=T, num_v_heads=HV, workspace=ws,
+                                       batch=None if case.packed else B)
+
+        def per_call():
+            for _ in range(layers):
+                kdakit.prefill(*args, **kwargs, workspace=ws, out=out)
+
+        def once():
+            p = plan()
+            for _ in range(layers):
+                kdakit.prefill(*args, **kwargs, plan=p, out=out)
+
+        t_call, _ = _time(per_call, repeats)
+        t_once, _ = _time(once, repeats)
+        t_plan, _ = _time(plan, repeats)
+        row = testing.Row(case=case.name, kdakit_ms=t_once,
+                          peers_ms={"plan per call": t_call},
+                          repro=testing.repro_command("kdakit.bench.prefill", "--plan-compare",
+                                                      "--cases", case.name, "--plan-layers",
+                                                      str(layers)))
+        if t_call is not None and t_once is not None:
+            row.metrics["saved us/layer"] = 1e3 * (t_call - t_once) / layers
+        if t_plan is not None:
+            row.metrics["plan kernel us"] = 1e3 * t_plan
+        rows.append(row)
+        print(f"{case.name:<14} {case.label():<40} {layers} layers: plan per call {t_call} ms, "
+              f"plan once {t_once} ms, plan alone {t_plan} ms", flush=True)
+        del x
+        testing.cooldown(cooldown)
+    print()
+    testing.print_table(rows, ["plan per call"],
+                        title=f"kdakit prefill step of {layers} layers on "
+                        f"{torch.cuda.get_device_name()}: plan once (kdakit ms) vs plan per call "
+                        "(ratio > 1: planning once saves time)")
+    if json_path:
+        meta = {"device": torch.cuda.get_device_name(), "mode": "plan-compare", "layers": layers}
+        print("json:", testing.write_json(json_path, rows, meta))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m kdakit.bench.prefill", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -284,7 +364,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--pool", action="store_true",
                     help="time prefill from a state pool against gather + prefill + scatter, "
                          "and the cost of boundary states (issue 7)")
+    ap.add_argument("--plan-compare", action="store_true",
+                    help="time a step of --plan-layers layers with the plan built per call "
+                    f"against one plan per step (default cases: {PLAN_COMPARE_CASES})")
+    ap.add_argument("--plan-layers", type=int, default=20,
+                    help="KDA layers per step for --plan-compare (Kimi-Linear-48B-A3B: 20)")
     args = ap.parse_args(argv)
+    if args.pool and args.plan_compare:
+        ap.error("--pool and --plan-compare are separate modes; pass one")
 
     ok, why = testing.cuda_available()
     if not ok:
@@ -293,6 +380,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.pool:
         return pool_main(args)
     import torch
+
+    if args.plan_compare:
+        cases = _select(testing.prefill_bench_cases(), args.cases or PLAN_COMPARE_CASES)
+        return _plan_compare(cases, max(1, args.plan_layers), args.repeats, args.cooldown,
+                             args.json)
 
     wanted = {p for p in args.peers.split(",") if p and p != "none"}
     peers = {}

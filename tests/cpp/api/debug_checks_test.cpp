@@ -3,7 +3,7 @@
 // copy cu_seqlens / slot indices / num_accepted_tokens to the host and reject bad values
 // before launching; under CUDA graph capture they refuse to run. The rules themselves are
 // covered by metadata_test.cpp; this checks the device copies (both cu_seqlens widths, strided
-// index rows) and the wiring into the entry points.
+// index rows, the plan region of a plan_ready workspace) and the wiring into the entry points.
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
@@ -178,6 +178,45 @@ TEST(DebugChecks, PrefillChunkStateRows) {
   p.chunk_state_indices = a.copy(std::vector<int32_t>{2, 3});
   expect_rejected(prefill(p, nullptr),
                   "chunk_state_indices: slot 3 is written by sequences 0 and 1");
+}
+
+// prefill_plan checks the batch fields only: the pool and chunk-row arguments of the same
+// params (whose index arrays it does not copy) are checked by the prefills that use the plan.
+TEST(DebugChecks, PrefillPlanWithChunkStateRows) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  DeviceArena a;
+  PrefillParams p = packed_prefill(a, {0, 4, 10}, {3, -1});
+  p.chunk_states = const_cast<void*>(p.initial_state), p.chunk_state_interval = 64;
+  p.stride_chunk_states_n = kStateElems, p.num_chunk_state_slots = 4, p.num_chunk_states = 2;
+  p.chunk_state_indices = a.copy(std::vector<int32_t>{1, 2});
+  const Status plan = prefill_plan(p, nullptr);
+  EXPECT_TRUE(plan.ok()) << plan.message();
+  p.plan_ready = true;
+  expect_not_rejected(prefill(p, nullptr));
+  p.chunk_state_indices = a.copy(std::vector<int32_t>{2, 3});
+  expect_rejected(prefill(p, nullptr),
+                  "chunk_state_indices: slot 3 is written by sequences 0 and 1");
+}
+
+TEST(DebugChecks, PlanReadyWithAStalePlanIsRejected) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  DeviceArena a;
+  PrefillParams p = packed_prefill(a, {0, 4, 10}, {3, -1});
+  ASSERT_TRUE(prefill_plan(p, nullptr).ok());
+  p.plan_ready = true;
+  expect_not_rejected(prefill(p, nullptr));
+  // same N and T, other offsets: the plan in the workspace belongs to the old ones
+  p.cu_seqlens = a.copy(std::vector<int64_t>{0, 6, 10});
+  expect_rejected(prefill(p, nullptr),
+                  "plan_ready: the plan in workspace does not belong to this batch: "
+                  "seq_start[1] = 4, expected 6");
+}
+
+TEST(DebugChecks, PrefillPlanDecreasingOffsets) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  DeviceArena a;
+  expect_rejected(prefill_plan(packed_prefill(a, {0, 6, 5}, {0, 1}), nullptr),
+                  "cu_seqlens[2] = 5 < cu_seqlens[1] = 6");
 }
 
 TEST(DebugChecks, DecodeValidMetadataPasses) {

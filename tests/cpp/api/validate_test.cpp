@@ -648,6 +648,15 @@ const std::vector<PC>& prefill_cases() {
       {"workspace_separate",
        [](PrefillParams& p, Arena& a) { p.workspace = a.take(4096), p.workspace_bytes = 4096; },
        kOk, ""},
+      // --- 7. plan
+      {"plan_ready_with_workspace",
+       [](PrefillParams& p, Arena& a) {
+         p.workspace = a.take(4096), p.workspace_bytes = 4096, p.plan_ready = true;
+       },
+       kOk, ""},
+      {"plan_ready_without_workspace", [](PrefillParams& p, Arena&) { p.plan_ready = true; }, kArg,
+       "plan_ready: needs the workspace that prefill_plan wrote the plan into, got workspace "
+       "None"},
   };
   return cases;
 }

@@ -7,12 +7,19 @@
 //     owns stay poisoned), exact zeros on padding rows;
 //   - state pool: slots the reference did not write are bit-identical to their input (and the
 //     padding between slots is untouched), written slots match to the state dtype's bar.
-// Skips (GTEST_SKIP) without a CUDA device, so the suite passes on CPU-only machines.
+// Every decode case runs once per kernel variant that fits it (KDAKIT_DECODE_VARIANT,
+// KDAKIT_DECODE_PDL and KDAKIT_DECODE_RING_CTAS, read by dispatch.cu on every call), and checks
+// with sm90::decode_variant that the forced variant is the one that runs; a variant that does
+// not fit a case is skipped, and DecodeVariants.EveryVariantFitsSomeCase checks that each one
+// runs somewhere. Skips (GTEST_SKIP) without a CUDA device, so the suite passes on CPU-only
+// machines.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <cstring>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "common/cases.h"
@@ -70,6 +77,67 @@ void download(HostTensor& x, const void* device) {
 
 void reupload(const HostTensor& x, void* device) {
   ASSERT_EQ(cudaMemcpy(device, x.data(), x.nbytes(), cudaMemcpyHostToDevice), cudaSuccess);
+}
+
+// ------------------------------------------------------------------------------------------
+// Kernel variants
+// ------------------------------------------------------------------------------------------
+
+// "auto" is the dispatcher's own choice; otherwise a KDAKIT_DECODE_VARIANT name, "+pdl" for a
+// launch with programmatic dependent launch (KDAKIT_DECODE_PDL=1), "@n" for a ring grid capped
+// at n CTAs (KDAKIT_DECODE_RING_CTAS=n: hundreds of units per warp, so that index batches are
+// refilled and every stage's mbarrier phase wraps many times on a small problem).
+const std::vector<std::string>& test_variants() {
+  static const std::vector<std::string> variants = {
+      "auto",         "registers",    "staged",      "staged64",   "direct32",
+      "direct16",     "ring8x3",      "ring12x2",    "ring4x6",    "ring8x3bs",
+      "direct32+pdl", "direct16+pdl", "ring8x3+pdl", "ring8x3@3",  "ring12x2@2",
+      "ring4x6@5+pdl", "ring8x3bs@4+pdl"};
+  return variants;
+}
+
+// Sets the variant's environment for its scope; unsets it afterwards.
+class ScopedVariant {
+ public:
+  explicit ScopedVariant(const std::string& spec) {
+    clear();
+    if (spec == "auto") return;
+    std::string rest = spec;
+    if (const size_t at = rest.find('@'); at != std::string::npos) {
+      const size_t end = rest.find('+', at);
+      setenv("KDAKIT_DECODE_RING_CTAS", rest.substr(at + 1, end - at - 1).c_str(), 1);
+      rest.erase(at, end == std::string::npos ? std::string::npos : end - at);
+    }
+    pdl_ = rest.size() > 4 && rest.compare(rest.size() - 4, 4, "+pdl") == 0;
+    if (pdl_) rest.resize(rest.size() - 4);
+    name_ = rest;
+    setenv("KDAKIT_DECODE_VARIANT", name_.c_str(), 1);
+    setenv("KDAKIT_DECODE_PDL", pdl_ ? "1" : "0", 1);
+  }
+  ~ScopedVariant() { clear(); }
+  ScopedVariant(const ScopedVariant&) = delete;
+  ScopedVariant& operator=(const ScopedVariant&) = delete;
+
+  bool is_auto() const { return name_.empty(); }
+  // True when the dispatcher runs exactly this variant for p (always for "auto").
+  bool fits(const DecodeParams& p) const {
+    return is_auto() || sm90::decode_variant(p) == name_ + (pdl_ ? "+pdl" : "");
+  }
+
+ private:
+  static void clear() {
+    unsetenv("KDAKIT_DECODE_VARIANT");
+    unsetenv("KDAKIT_DECODE_PDL");
+    unsetenv("KDAKIT_DECODE_RING_CTAS");
+  }
+  std::string name_;
+  bool pdl_ = false;
+};
+
+std::string variant_test_name(const std::string& spec) {
+  std::string out;
+  for (char ch : spec) out += (ch == '+' || ch == '@') ? '_' : ch;
+  return out;
 }
 
 // ------------------------------------------------------------------------------------------
@@ -368,51 +436,126 @@ std::vector<DecodeCase> decode_cases() {
     c.accepted = true;
     add(c);
   }
+  // --- fast kernels (direct.cuh, ring.cuh): GVA with a ratio that is not a power of two
+  // (fast_qk_head), K = 64, bf16 pools with padding, packed single-token batches (the serving
+  // layout of vLLM), fp16 activations with raw beta and the precomputed gate
+  {
+    DecodeCase c = base_case("gva_h2_hv10_bf16_padding");
+    c.H = 2;
+    c.HV = 10;
+    c.batch = 11;
+    c.padding_rows = 3;
+    c.dtype_state = DType::kBFloat16;
+    add(c);
+  }
+  {
+    DecodeCase c = base_case("head_dim_64_bf16_gva_padding");
+    c.K = 64;
+    c.V = 64;
+    c.H = 1;
+    c.HV = 3;
+    c.batch = 9;
+    c.padding_rows = 2;
+    c.dtype_state = DType::kBFloat16;
+    add(c);
+  }
+  {
+    DecodeCase c = base_case("packed_single_tokens_null_slot");
+    c.seq_lens = std::vector<int64_t>(40, 1);
+    c.padding_rows = 6;
+    c.null_slot_is_padding = true;
+    add(c);
+  }
+  {
+    DecodeCase c = base_case("fp16_precomputed_raw_beta_bf16_pool");
+    c.dtype_qkv = DType::kFloat16;
+    c.gate = GateMode::kPrecomputed;
+    c.beta_sigmoid = false;
+    c.dtype_state = DType::kBFloat16;
+    c.batch = 13;
+    add(c);
+  }
+  {
+    DecodeCase c = base_case("many_items_gdn_softplus_int64_packed");
+    c.seq_lens = std::vector<int64_t>(150, 1);
+    c.seq_lens[7] = 0;
+    c.seq_lens[90] = 3;
+    c.dtype_cu = DType::kInt64;
+    c.gate = GateMode::kSoftplus;
+    c.scalar_gate = true;
+    c.padding_rows = 20;
+    add(c);
+  }
   return cases;
 }
 
-class DecodeKernel : public ::testing::TestWithParam<DecodeCase> {};
+using VariantCase = std::tuple<DecodeCase, std::string>;
 
-// Runs the GPU decode through the public entry point on device copies of `t`, then the
-// reference on `t` itself; leaves the GPU results in got_o / got_state.
-void run_both(const DecodeCase& c, DecodeTensors& t, HostTensor& got_o, HostTensor& got_state) {
-  DeviceArena arena;
-  const testing::DecodePointers dev = testing::map_pointers(t, [&](HostTensor& x) { return arena.upload(x); });
-  const DecodeParams p = testing::fill_decode_params(c, t, dev);
-  const Status status = decode(p, nullptr);
-  ASSERT_TRUE(status.ok()) << status.message();
-  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-  got_o = t.o;
-  got_state = t.state;
-  download(got_o, dev.o);
-  download(got_state, dev.state);
-
-  const DecodeParams host = testing::fill_decode_params(c, t, testing::host_pointers(t));
-  const Status ref = cpu::decode_reference(host);
-  ASSERT_TRUE(ref.ok()) << ref.message();
-}
+class DecodeKernel : public ::testing::TestWithParam<VariantCase> {};
 
 TEST_P(DecodeKernel, MatchesReference) {
   SKIP_WITHOUT_GPU();
-  const DecodeCase& c = GetParam();
+  const auto& [c, variant] = GetParam();
+  ScopedVariant scoped(variant);
   Rng rng = testing::make_rng();
   SCOPED_TRACE(rng.trace());
   DecodeTensors t = testing::make_decode_tensors(c, rng);
   const HostTensor initial_state = t.state;
-  HostTensor got_o, got_state;
-  run_both(c, t, got_o, got_state);
-  if (HasFatalFailure()) return;
+
+  DeviceArena arena;
+  const testing::DecodePointers dev = testing::map_pointers(t, [&](HostTensor& x) { return arena.upload(x); });
+  const DecodeParams p = testing::fill_decode_params(c, t, dev);
+  if (!scoped.fits(p)) GTEST_SKIP() << variant << " does not serve this case (dispatcher: " << sm90::decode_variant(p) << ")";
+  const Status status = decode(p, nullptr);
+  ASSERT_TRUE(status.ok()) << status.message();
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  HostTensor got_o = t.o, got_state = t.state;
+  download(got_o, dev.o);
+  download(got_state, dev.state);
+
+  const Status ref = cpu::decode_reference(testing::fill_decode_params(c, t, testing::host_pointers(t)));
+  ASSERT_TRUE(ref.ok()) << ref.message();
   expect_output_matches(got_o, t.o, c.dtype_qkv);
   expect_pool_matches(initial_state, got_state, t.state, c.dtype_state);
 }
 
-INSTANTIATE_TEST_SUITE_P(Cases, DecodeKernel, ::testing::ValuesIn(decode_cases()),
-                         [](const ::testing::TestParamInfo<DecodeCase>& info) { return info.param.name; });
+INSTANTIATE_TEST_SUITE_P(Cases, DecodeKernel,
+                         ::testing::Combine(::testing::ValuesIn(decode_cases()), ::testing::ValuesIn(test_variants())),
+                         [](const ::testing::TestParamInfo<VariantCase>& info) {
+                           return std::get<0>(info.param).name + "__" + variant_test_name(std::get<1>(info.param));
+                         });
+
+// Every forced variant serves at least one case above (decided on the host: reads no memory).
+TEST(DecodeVariants, EveryVariantFitsSomeCase) {
+  SKIP_WITHOUT_GPU();
+  std::vector<DecodeTensors> tensors;
+  const std::vector<DecodeCase> cases = decode_cases();
+  Rng rng = testing::make_rng();
+  for (const DecodeCase& c : cases) tensors.push_back(testing::make_decode_tensors(c, rng));
+  for (const std::string& variant : test_variants()) {
+    if (variant == "auto") continue;
+    ScopedVariant scoped(variant);
+    int fits = 0;
+    for (size_t i = 0; i < cases.size(); ++i) {
+      fits += scoped.fits(testing::fill_decode_params(cases[i], tensors[i], testing::host_pointers(tensors[i])));
+    }
+    EXPECT_GT(fits, 0) << variant << " serves no case";
+  }
+  // And the names the dispatcher accepts are the ones tested.
+  for (const std::string& name : sm90::decode_variant_names()) {
+    bool tested = false;
+    for (const std::string& variant : test_variants()) tested |= variant.rfind(name, 0) == 0;
+    EXPECT_TRUE(tested) << name << " is not in test_variants()";
+  }
+}
 
 // Three decode steps chained on the same pool (fresh activations each step), as an engine
 // runs consecutive tokens: the pool after the third step and its outputs match.
-TEST(DecodeKernelChain, ThreeStepsOnOnePool) {
+class DecodeKernelChain : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(DecodeKernelChain, ThreeStepsOnOnePool) {
   SKIP_WITHOUT_GPU();
+  ScopedVariant scoped(GetParam());
   for (DType dtype_state : {DType::kFloat32, DType::kBFloat16}) {
     DecodeCase c = base_case("chain");
     c.batch = 7;
@@ -426,6 +569,7 @@ TEST(DecodeKernelChain, ThreeStepsOnOnePool) {
     DeviceArena arena;
     const testing::DecodePointers dev = testing::map_pointers(t, [&](HostTensor& x) { return arena.upload(x); });
     const DecodeParams p = testing::fill_decode_params(c, t, dev);
+    if (!scoped.fits(p)) GTEST_SKIP() << GetParam() << " does not serve this case";
     HostTensor got_o = t.o;
     for (int step = 0; step < 3; ++step) {
       testing::detail::make_activations(c, t, rng);  // fresh q, k, v, g, beta; o poisoned
@@ -452,6 +596,77 @@ TEST(DecodeKernelChain, ThreeStepsOnOnePool) {
     expect_pool_matches(initial_state, got_state, t.state, c.dtype_state);
   }
 }
+
+INSTANTIATE_TEST_SUITE_P(Variants, DecodeKernelChain, ::testing::ValuesIn(test_variants()),
+                         [](const ::testing::TestParamInfo<std::string>& info) {
+                           return variant_test_name(info.param);
+                         });
+
+// Launches back to back without any host sync, captured in a CUDA graph: four steps on the
+// same slots with the same inputs. With "+pdl" the capture holds programmatic edges between
+// the decode kernels, and every step must still see the state the previous one wrote.
+class DecodeKernelGraph : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(DecodeKernelGraph, FourStepsCaptured) {
+  SKIP_WITHOUT_GPU();
+  ScopedVariant scoped(GetParam());
+  DecodeCase c = base_case("graph");
+  c.batch = 37;
+  c.H = 2;
+  c.HV = 6;
+  c.padding_rows = 5;
+  Rng rng = testing::make_rng();
+  SCOPED_TRACE(rng.trace());
+  DecodeTensors t = testing::make_decode_tensors(c, rng);
+  const HostTensor initial_state = t.state;
+  DeviceArena arena;
+  const testing::DecodePointers dev = testing::map_pointers(t, [&](HostTensor& x) { return arena.upload(x); });
+  const DecodeParams p = testing::fill_decode_params(c, t, dev);
+  if (!scoped.fits(p)) GTEST_SKIP() << GetParam() << " does not serve this case";
+
+  // One eager call on a scratch pool first, so that one-time kernel attributes are set outside
+  // the capture.
+  void* scratch = nullptr;
+  ASSERT_EQ(cudaMalloc(&scratch, t.state.nbytes()), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(scratch, dev.state, t.state.nbytes(), cudaMemcpyDeviceToDevice), cudaSuccess);
+  DecodeParams warm = p;
+  warm.state = scratch;
+  ASSERT_TRUE(decode(warm, nullptr).ok());
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  ASSERT_EQ(cudaFree(scratch), cudaSuccess);
+
+  cudaStream_t stream = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+  cudaGraph_t graph = nullptr;
+  ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+  for (int step = 0; step < 4; ++step) {
+    const Status status = decode(p, stream);
+    EXPECT_TRUE(status.ok()) << status.message();
+  }
+  ASSERT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);
+  cudaGraphExec_t exec = nullptr;
+  ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+  ASSERT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
+  ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+  ASSERT_EQ(cudaGraphExecDestroy(exec), cudaSuccess);
+  ASSERT_EQ(cudaGraphDestroy(graph), cudaSuccess);
+  ASSERT_EQ(cudaStreamDestroy(stream), cudaSuccess);
+
+  for (int step = 0; step < 4; ++step) {
+    const Status ref = cpu::decode_reference(testing::fill_decode_params(c, t, testing::host_pointers(t)));
+    ASSERT_TRUE(ref.ok()) << ref.message();
+  }
+  HostTensor got_o = t.o, got_state = t.state;
+  download(got_o, dev.o);
+  download(got_state, dev.state);
+  expect_output_matches(got_o, t.o, c.dtype_qkv);
+  expect_pool_matches(initial_state, got_state, t.state, c.dtype_state);
+}
+
+INSTANTIATE_TEST_SUITE_P(Variants, DecodeKernelGraph, ::testing::ValuesIn(test_variants()),
+                         [](const ::testing::TestParamInfo<std::string>& info) {
+                           return variant_test_name(info.param);
+                         });
 
 // Same inputs, same bits: no atomics, no order-dependent sums.
 TEST(DecodeKernelDeterminism, RepeatedRunsAreBitIdentical) {
@@ -483,6 +698,46 @@ TEST(DecodeKernelDeterminism, RepeatedRunsAreBitIdentical) {
     }
   }
 }
+
+// The same for every kernel variant on a single-column batch (the spec case above runs the
+// register kernel): no order-dependent sums in the fast kernels either.
+class DecodeKernelVariantDeterminism : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(DecodeKernelVariantDeterminism, RepeatedRunsAreBitIdentical) {
+  SKIP_WITHOUT_GPU();
+  ScopedVariant scoped(GetParam());
+  DecodeCase c = base_case("variant_determinism");
+  c.batch = 64;
+  c.padding_rows = 5;
+  c.dtype_state = DType::kBFloat16;
+  Rng rng = testing::make_rng();
+  SCOPED_TRACE(rng.trace());
+  DecodeTensors t = testing::make_decode_tensors(c, rng);
+  DeviceArena arena;
+  const testing::DecodePointers dev = testing::map_pointers(t, [&](HostTensor& x) { return arena.upload(x); });
+  const DecodeParams p = testing::fill_decode_params(c, t, dev);
+  if (!scoped.fits(p)) GTEST_SKIP() << GetParam() << " does not serve this case";
+  HostTensor first_o = t.o, first_state = t.state;
+  for (int run = 0; run < 10; ++run) {
+    reupload(t.state, dev.state);
+    ASSERT_TRUE(decode(p, nullptr).ok());
+    HostTensor o = t.o, state = t.state;
+    download(o, dev.o);
+    download(state, dev.state);
+    if (run == 0) {
+      first_o = o;
+      first_state = state;
+    } else {
+      ASSERT_TRUE(testing::storage_equal("output, run " + std::to_string(run), o, first_o));
+      ASSERT_TRUE(testing::storage_equal("state, run " + std::to_string(run), state, first_state));
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Variants, DecodeKernelVariantDeterminism, ::testing::ValuesIn(test_variants()),
+                         [](const ::testing::TestParamInfo<std::string>& info) {
+                           return variant_test_name(info.param);
+                         });
 
 // Shapes and layouts the kernel does not build are an error naming the supported ones.
 TEST(DecodeKernelUnsupported, HeadDimAndMisalignedSlotStride) {

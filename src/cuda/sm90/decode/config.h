@@ -3,6 +3,7 @@
 // CUDA headers.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 
 #include "kdakit/kdakit.h"
@@ -175,6 +176,118 @@ struct RecurrentKernelParams {
   bool use_beta_sigmoid = false;
   bool allow_neg_eigval = false;
   bool scalar_gate = false;
+};
+
+
+// ------------------------------------------------------------------------------------------
+// Fast single-column decode kernels: direct.cuh (state in registers, latency) and ring.cuh
+// (persistent, per-warp rings of bulk copies, bandwidth). V-first, decode mode, one index
+// column, dense T = 1 or packed (cu_seqlens, any lengths; a sequence of several tokens runs a
+// token loop). Both kernels keep every per-token vector in the registers of the warp that
+// uses it: lane l owns key channels [l K/32, (l+1) K/32) of q, k, the decay and of each state
+// row, so the preprocessing needs no shared memory and no CTA barrier.
+// ------------------------------------------------------------------------------------------
+
+// direct: 4 warps per CTA; kRowsPerWarp (8 or 4) value rows per warp, so 32 or 16 rows per
+// CTA. NOTE: B = 1 is latency-bound (slot index -> state -> math -> store); 16-row CTAs
+// halve each warp's serial math and put 256 CTAs on the 132 SMs at H = 32.
+constexpr int kDirectWarps = 4;
+constexpr int kDirectThreads = kDirectWarps * 32;
+// NOTE: 4 CTAs per SM caps the direct kernel at 128 registers; it serves small grids, where
+// occupancy is not what limits it (ptxas -v, nvcc 13.0: no spills at that cap).
+constexpr int kDirectMinCtasPerSm = 4;
+// The direct grid is (HV x slices, N): gridDim.y caps the sequences.
+constexpr int kDirectMaxSeqs = 65535;
+
+// ring: one unit = one (sequence, value head, kRingStageBytes of consecutive value rows):
+// 16 rows of an fp32 pool, 32 rows of a bf16 pool, always 8 KB, one cp.async.bulk.
+// NOTE: 8 KB stages: 24 of them (192 KB) fit an SM whatever the warps x stages split, and a
+// unit is 2 (fp32) or 4 (bf16) groups of 8 rows, the row group the reduce-scatter is written for.
+constexpr int kRingStageBytes = 8192;
+constexpr int kRingHeadDim = 128;
+
+// Kernel-side parameters of the fast kernels, passed by value as __grid_constant__.
+// NOTE: 192 bytes instead of RecurrentKernelParams' ~440, and the first 64 bytes hold every
+// pointer a CTA dereferences before its state load, so the start of the dependent chain
+// (slot index -> state) touches one or two constant-cache lines. Token strides are per token:
+// stride_b for dense T = 1 batches, stride_t for packed ones (one batch row).
+struct FastDecodeParams {
+  // --- pointers read first
+  const int32_t* state_indices = nullptr;  // [N, stride_state_indices_n], start slot in column 0
+  void* pool = nullptr;                    // [num_pool_slots, HV, V, K], updated in place
+  const void* q = nullptr;                 // token tk, head hk: q + tk * stride_q_tok + hk * stride_q_h
+  const void* k = nullptr;
+  const void* v = nullptr;
+  const void* g = nullptr;
+  const void* beta = nullptr;
+  void* o = nullptr;
+  // --- other pointers
+  const float* A_log = nullptr;      // [HV], nullable
+  const float* dt_bias = nullptr;    // [HV, K] ([HV] with scalar_gate), nullable
+  const void* cu_seqlens = nullptr;  // [N + 1], nullable (dense T = 1)
+  int64_t stride_pool_slot = 0;      // elements
+  uint64_t qk_group_magic = 0;       // ceil(2^32 / (HV / H)): q/k head = (h * magic) >> 32 (fast_qk_head)
+  // --- sizes
+  int32_t num_seqs = 0;
+  int32_t num_tokens = 0;      // tokens of the packed row (cu_seqlens clamped to it); 1 for dense
+  int32_t num_pool_slots = 0;  // min(slots, INT32_MAX): slot indices are int32
+  int32_t stride_state_indices_n = 0;
+  int32_t num_v_heads = 0;
+  int32_t num_units = 0;  // ring: (sequence, head, stage-sized row block) work units
+  uint32_t flags = 0;     // FastFlags
+  // --- strides (elements)
+  int32_t stride_q_tok = 0, stride_q_h = 0;
+  int32_t stride_k_tok = 0, stride_k_h = 0;
+  int32_t stride_v_tok = 0, stride_v_h = 0;
+  int32_t stride_g_tok = 0, stride_g_h = 0;
+  int32_t stride_beta_tok = 0, stride_beta_h = 0;
+  int32_t stride_o_tok = 0, stride_o_h = 0;
+  // --- scalars
+  float scale = 0.f;
+  float lower_bound = 0.f;
+};
+
+static_assert(offsetof(FastDecodeParams, o) + sizeof(void*) <= 64, "the pointers read first share one 64-byte line");
+static_assert(sizeof(FastDecodeParams) <= 192, "keep the fast kernels' parameter block small");
+
+// FastDecodeParams::flags: dtypes (DType values, 2 bits each), gate mode, switches.
+struct FastFlags {
+  static constexpr int kDtypeQkvShift = 0;
+  static constexpr int kDtypeGShift = 2;
+  static constexpr int kDtypeBetaShift = 4;
+  static constexpr int kGateShift = 6;
+  static constexpr uint32_t kCuInt64 = 1u << 8;
+  static constexpr uint32_t kL2Norm = 1u << 9;
+  static constexpr uint32_t kBetaSigmoid = 1u << 10;
+  static constexpr uint32_t kNegEigval = 1u << 11;
+  static constexpr uint32_t kScalarGate = 1u << 12;
+  static constexpr uint32_t kNullSlotIsPadding = 1u << 13;
+  static constexpr uint32_t pack(DType qkv, DType g, DType beta, GateMode gate) {
+    return (uint32_t(qkv) << kDtypeQkvShift) | (uint32_t(g) << kDtypeGShift) |
+           (uint32_t(beta) << kDtypeBetaShift) | (uint32_t(gate) << kGateShift);
+  }
+  static constexpr DType dtype_qkv(uint32_t f) { return DType((f >> kDtypeQkvShift) & 3u); }
+  static constexpr DType dtype_g(uint32_t f) { return DType((f >> kDtypeGShift) & 3u); }
+  static constexpr DType dtype_beta(uint32_t f) { return DType((f >> kDtypeBetaShift) & 3u); }
+  static constexpr GateMode gate(uint32_t f) { return GateMode((f >> kGateShift) & 3u); }
+};
+static_assert(int(DType::kFloat32) < 4 && int(DType::kBFloat16) < 4 && int(DType::kFloat16) < 4,
+              "float dtypes must fit the 2-bit fields of FastFlags");
+static_assert(int(GateMode::kLowerBound) < 4, "gate modes must fit the 2-bit field of FastFlags");
+
+// Shared memory of a ring CTA: kWarps x kStages stages of kRingStageBytes, then one mbarrier
+// and one 16-byte unit record (slot, first token, tokens, head x blocks + block) per stage.
+template <int kWarps, int kStages>
+struct RingSharedMemoryPlan {
+  static constexpr int kNumStages = kWarps * kStages;
+  static constexpr int kStagesBytes = kNumStages * kRingStageBytes;
+  static constexpr int kBarrierOffset = kStagesBytes;
+  static constexpr int kMetaOffset = kBarrierOffset + kNumStages * 8;
+  static constexpr int kBytes = kMetaOffset + kNumStages * 16;
+  static_assert(kStages >= 2, "the raw inputs of unit k + 1 are read from its record while unit k runs");
+  static_assert(kBytes <= 227 * 1024, "a ring CTA must fit the 227 KB of shared memory of one SM");
+  static_assert(kRingStageBytes % 16 == 0 && kBarrierOffset % 16 == 0, "bulk copies need 16-byte alignment");
+  static_assert(kMetaOffset % 16 == 0, "the 16-byte unit records need 16-byte alignment (an even stage count)");
 };
 
 }  // namespace kdakit::sm90::recurrent

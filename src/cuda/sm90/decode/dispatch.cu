@@ -5,11 +5,16 @@
 // preprocessing, not the inner loop over the state.
 #include <cuda_bf16.h>
 
+#include <cuda_runtime.h>
+
 #include <algorithm>
+#include <atomic>
+#include <climits>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
+#include <vector>
 
 #include "cuda/sm90/decode/config.h"
 #include "cuda/sm90/decode/dispatch.h"
@@ -24,12 +29,11 @@ using recurrent::RecurrentKernelParams;
 constexpr const char* kSupportedHeadDims = "K = V = 128 or K = V = 64";
 constexpr const char* kSupportedStateDtypes = "float32 or bfloat16";
 
+// NOTE: read on every call (like KDAKIT_DECODE_VARIANT), so that a test can turn it on after
+// earlier calls; one getenv per call is nothing next to a launch.
 bool print_configs() {
-  static const bool enabled = [] {
-    const char* v = std::getenv("KDAKIT_PRINT_CONFIGS");
-    return v != nullptr && v[0] != '\0' && v[0] != '0';
-  }();
-  return enabled;
+  const char* v = std::getenv("KDAKIT_PRINT_CONFIGS");
+  return v != nullptr && v[0] != '\0' && v[0] != '0';
 }
 
 int64_t state_elem_bytes(DType dtype) { return dtype == DType::kFloat32 ? 4 : 2; }
@@ -107,14 +111,138 @@ void copy_common(const Params& p, RecurrentKernelParams& k) {
   k.scalar_gate = p.scalar_gate;
 }
 
-// Which kernel serves a call:
-//   - the staged variant (kernel.cuh: one CTA per slice, cp.async into shared memory) for
-//     V-first one-column decodes with at most one token per sequence on average (dense T = 1,
-//     packed batches with T <= N) and a 16-byte aligned pool; dense T = 1 at K = 128 with more
-//     than kWideMinCtas 32-row CTAs takes 64-row slices (two row groups per CTA);
-//   - the register kernel otherwise (several tokens per sequence, speculative decoding,
+// ------------------------------------------------------------------------------------------
+// Fast kernels (direct.cuh, ring.cuh): what they accept, and their parameter block
+// ------------------------------------------------------------------------------------------
+
+bool fits_int32(int64_t x) { return x >= INT32_MIN && x <= INT32_MAX; }
+bool aligned(const void* ptr, int64_t bytes) { return reinterpret_cast<uintptr_t>(ptr) % uintptr_t(bytes) == 0; }
+
+// Fills `f` when the call fits the fast kernels: V-first, one index column, dense T = 1 or
+// packed, K = V in {64, 128}, a 16-byte aligned pool, every index and stride in 32 bits, HV
+// < 2^16 (fast_qk_head), and kE-element aligned q, k, g and dt_bias (their vector loads).
+bool make_fast_params(const DecodeParams& p, recurrent::FastDecodeParams& f) {
+  using recurrent::FastFlags;
+  if (p.state_layout != StateLayout::kVFirst || p.num_index_cols != 1) return false;
+  const bool packed = p.cu_seqlens != nullptr;
+  if (!packed && p.seqlen != 1) return false;
+  const int kE = p.head_dim_k / 32;
+  const int64_t stride_slot_bytes = (p.num_state_slots > 1 ? p.stride_state_slot : 0) * state_elem_bytes(p.dtype_state);
+  if (!aligned(p.state, 16) || stride_slot_bytes % 16 != 0) return false;
+  if (p.num_seqs >= INT32_MAX || !fits_int32(p.seqlen) || !fits_int32(p.stride_state_indices_n)) return false;
+  if (p.num_v_heads >= 65536 || p.num_qk_heads <= 0 || p.num_v_heads % p.num_qk_heads != 0) return false;
+  auto tok = [&](int64_t stride_b, int64_t stride_t) { return packed ? stride_t : stride_b; };
+  const int64_t strides[] = {tok(p.stride_q_b, p.stride_q_t), p.stride_q_h, tok(p.stride_k_b, p.stride_k_t),
+                             p.stride_k_h, tok(p.stride_v_b, p.stride_v_t), p.stride_v_h,
+                             tok(p.stride_g_b, p.stride_g_t), p.stride_g_h, tok(p.stride_beta_b, p.stride_beta_t),
+                             p.stride_beta_h, tok(p.stride_o_b, p.stride_o_t), p.stride_o_h};
+  for (int64_t x : strides) {
+    if (!fits_int32(x)) return false;
+  }
+  const int64_t qkv_vec = kE * int64_t(dtype_size(p.dtype_qkv));
+  if (!aligned(p.q, qkv_vec) || !aligned(p.k, qkv_vec) || strides[0] % kE || strides[1] % kE || strides[2] % kE ||
+      strides[3] % kE) {
+    return false;
+  }
+  if (!p.scalar_gate && (!aligned(p.g, kE * int64_t(dtype_size(p.dtype_g))) || strides[6] % kE || strides[7] % kE)) {
+    return false;
+  }
+  if (!p.scalar_gate && p.dt_bias != nullptr && !aligned(p.dt_bias, kE * int64_t(sizeof(float)))) return false;
+
+  f = recurrent::FastDecodeParams{};
+  f.state_indices = p.state_indices;
+  f.pool = p.state;
+  f.q = p.q;
+  f.k = p.k;
+  f.v = p.v;
+  f.g = p.g;
+  f.beta = p.beta;
+  f.o = p.o;
+  f.A_log = p.A_log;
+  f.dt_bias = p.dt_bias;
+  f.cu_seqlens = p.cu_seqlens;
+  f.stride_pool_slot = p.stride_state_slot;
+  const uint64_t group = uint64_t(p.num_v_heads / p.num_qk_heads);
+  f.qk_group_magic = ((uint64_t{1} << 32) + group - 1) / group;
+  f.num_seqs = int32_t(p.num_seqs);
+  f.num_tokens = packed ? int32_t(p.seqlen) : 1;
+  f.num_pool_slots = int32_t(std::min<int64_t>(p.num_state_slots, INT32_MAX));
+  f.stride_state_indices_n = int32_t(p.stride_state_indices_n);
+  f.num_v_heads = p.num_v_heads;
+  f.flags = FastFlags::pack(p.dtype_qkv, p.dtype_g, p.dtype_beta, p.gate) |
+            (p.dtype_cu_seqlens == DType::kInt64 ? FastFlags::kCuInt64 : 0u) |
+            (p.use_qk_l2norm ? FastFlags::kL2Norm : 0u) | (p.use_beta_sigmoid ? FastFlags::kBetaSigmoid : 0u) |
+            (p.allow_neg_eigval ? FastFlags::kNegEigval : 0u) | (p.scalar_gate ? FastFlags::kScalarGate : 0u) |
+            (p.null_slot_is_padding ? FastFlags::kNullSlotIsPadding : 0u);
+  f.stride_q_tok = int32_t(strides[0]), f.stride_q_h = int32_t(strides[1]);
+  f.stride_k_tok = int32_t(strides[2]), f.stride_k_h = int32_t(strides[3]);
+  f.stride_v_tok = int32_t(strides[4]), f.stride_v_h = int32_t(strides[5]);
+  f.stride_g_tok = int32_t(strides[6]), f.stride_g_h = int32_t(strides[7]);
+  f.stride_beta_tok = int32_t(strides[8]), f.stride_beta_h = int32_t(strides[9]);
+  f.stride_o_tok = int32_t(strides[10]), f.stride_o_h = int32_t(strides[11]);
+  f.scale = p.scale;
+  f.lower_bound = p.lower_bound;
+  return true;
+}
+
+// Multiprocessors of the current device, read once per device.
+int num_sms() {
+  static std::atomic<int> cached[64] = {};
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) return 0;
+  const bool cacheable = device >= 0 && device < 64;
+  if (cacheable) {
+    if (const int n = cached[device].load(std::memory_order_relaxed); n > 0) return n;
+  }
+  int n = 0;
+  if (cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) return 0;
+  if (cacheable) cached[device].store(n, std::memory_order_relaxed);
+  return n;
+}
+
+// ------------------------------------------------------------------------------------------
+// Variants
+// ------------------------------------------------------------------------------------------
+
+// Which kernel serves a call (the one place that decides; KDAKIT_DECODE_VARIANT overrides it
+// where the forced variant fits, KDAKIT_DECODE_PDL=1 launches the fast kernels with PDL):
+//   - single-column V-first decode that fits the fast kernels (make_fast_params) and is dense
+//     T = 1 or packed with T <= N: the direct kernel (32-row CTAs) for small grids, the ring
+//     kernel (8 warps x 3 stages) beyond kDirectMaxSlicesPerSm 32-row slices per SM at K = 128;
+//     K = 64 beyond that takes the staged kernel;
+//   - otherwise the staged kernel (V-first one-column decode, 16-byte aligned pool, dense
+//     T = 1 or packed T <= N; 64-row slices beyond kWideMinCtas 32-row CTAs at dense K = 128);
+//   - otherwise the register kernel (several tokens per sequence, speculative decoding,
 //     K-first, short prefill, pools not 16-byte aligned).
-enum class Variant { kRegisters, kStagedSingle, kStagedSingleWide, kStagedMulti };
+enum class Variant {
+  kRegisters,
+  kStagedSingle,
+  kStagedSingleWide,
+  kStagedMulti,
+  kDirect32,
+  kDirect16,
+  kRing8x3,
+  kRing12x2,
+  kRing4x6,
+  kRing8x3BulkStore,
+};
+
+// KDAKIT_DECODE_VARIANT names (decode_variant_names()); "staged" is single or multi by shape.
+const char* variant_env_name(Variant v) {
+  switch (v) {
+    case Variant::kRegisters: return "registers";
+    case Variant::kStagedSingle: return "staged";
+    case Variant::kStagedSingleWide: return "staged64";
+    case Variant::kStagedMulti: return "staged";
+    case Variant::kDirect32: return "direct32";
+    case Variant::kDirect16: return "direct16";
+    case Variant::kRing8x3: return "ring8x3";
+    case Variant::kRing12x2: return "ring12x2";
+    case Variant::kRing4x6: return "ring4x6";
+    case Variant::kRing8x3BulkStore: return "ring8x3bs";
+  }
+  return "?";
+}
 
 const char* variant_name(Variant v) {
   switch (v) {
@@ -122,6 +250,12 @@ const char* variant_name(Variant v) {
     case Variant::kStagedSingle: return "staged_kernel (single token)";
     case Variant::kStagedSingleWide: return "staged_kernel (single token, 64 rows per CTA)";
     case Variant::kStagedMulti: return "staged_kernel (token loop)";
+    case Variant::kDirect32: return "direct_kernel (32 rows per CTA)";
+    case Variant::kDirect16: return "direct_kernel (16 rows per CTA)";
+    case Variant::kRing8x3: return "ring_kernel (8 warps x 3 stages)";
+    case Variant::kRing12x2: return "ring_kernel (12 warps x 2 stages)";
+    case Variant::kRing4x6: return "ring_kernel (4 warps x 6 stages)";
+    case Variant::kRing8x3BulkStore: return "ring_kernel (8 warps x 3 stages, bulk stores)";
   }
   return "?";
 }
@@ -132,6 +266,17 @@ const char* variant_name(Variant v) {
 // 3-13 %. The switch point between 1024 and 3072 was not measured more finely.
 constexpr int64_t kWideMinCtas = 1024;
 
+// NOTE: direct vs ring, not measured yet (docs/design/20261130-decode-fast.md predicts): the
+// direct kernel has the shortest chain per CTA and wins while the whole grid is about one
+// wave of loads (B = 1: 128 / 384 slices at H = 32 / 96); the ring keeps 192 KB per SM in
+// flight and wins once each SM has several units to stream.
+constexpr int64_t kDirectMaxSlicesPerSm = 4;
+
+// NOTE: PDL (each call may start during the previous kernel's tail, fast_launch.cuh; results
+// are identical either way) is on by default for the direct kernel: measured 4.49 against 5.04 us
+// at H32 B1 fp32, 5.62 against 5.87 at H96 B1 bf16.
+constexpr bool kDefaultPdl = true;
+
 // What each variant can run (checked before the choice, also for a forced variant).
 bool staged_fits(const RecurrentKernelParams& k, DType dtype_state, StateLayout layout) {
   if (k.mode != recurrent::Mode::kDecode || layout != StateLayout::kVFirst || k.num_index_cols != 1) return false;
@@ -139,59 +284,126 @@ bool staged_fits(const RecurrentKernelParams& k, DType dtype_state, StateLayout 
   return reinterpret_cast<uintptr_t>(k.pool) % 16 == 0 && stride_bytes % 16 == 0;
 }
 bool single_token(const RecurrentKernelParams& k) { return k.cu_seqlens == nullptr && k.seqlen == 1; }
+bool few_tokens(const RecurrentKernelParams& k) {
+  return single_token(k) || (k.cu_seqlens != nullptr && k.seqlen <= k.num_seqs);
+}
 bool wide_fits(const RecurrentKernelParams& k, DType dtype_state, StateLayout layout, int head_dim) {
   return staged_fits(k, dtype_state, layout) && single_token(k) && head_dim == 128;
 }
 
-#if defined(KDAKIT_DECODE_VARIANT_SELECT)
-// Timing and test builds (CMake option KDAKIT_DECODE_VARIANT_SELECT): KDAKIT_DECODE_VARIANT
-// forces a variant where it fits; read on every call so that one process can time each.
-Variant forced_variant(Variant chosen, const RecurrentKernelParams& k, DType dtype_state, StateLayout layout,
-                       int head_dim) {
-  const char* v = std::getenv("KDAKIT_DECODE_VARIANT");
-  if (v == nullptr) return chosen;
-  const std::string name(v);
-  if (name == "registers") return Variant::kRegisters;
-  if (name == "staged" && staged_fits(k, dtype_state, layout)) {
-    return single_token(k) ? Variant::kStagedSingle
-           : k.cu_seqlens != nullptr && k.seqlen <= k.num_seqs ? Variant::kStagedMulti
-                                                                 : chosen;
-  }
-  if (name == "staged64" && wide_fits(k, dtype_state, layout, head_dim)) return Variant::kStagedSingleWide;
-  return chosen;
-}
-#endif
+struct Choice {
+  Variant variant = Variant::kRegisters;
+  bool pdl = false;
+};
 
-Variant choose_variant(const RecurrentKernelParams& k, DType dtype_state, StateLayout layout, int head_dim) {
-  Variant chosen = Variant::kRegisters;
-  if (staged_fits(k, dtype_state, layout)) {
-    if (single_token(k)) {
-      const int64_t ctas = k.num_seqs * k.num_v_heads * (head_dim / recurrent::kValuesPerCta);
-      chosen = wide_fits(k, dtype_state, layout, head_dim) && ctas > kWideMinCtas ? Variant::kStagedSingleWide
-                                                                                  : Variant::kStagedSingle;
-    } else if (k.cu_seqlens != nullptr && k.seqlen <= k.num_seqs) {
-      chosen = Variant::kStagedMulti;
+bool env_flag(const char* name, bool fallback) {
+  const char* v = std::getenv(name);
+  if (v == nullptr || v[0] == '\0') return fallback;
+  return v[0] != '0';
+}
+
+// fast: make_fast_params succeeded (decode calls only).
+Choice choose_variant(const RecurrentKernelParams& k, bool fast, DType dtype_state, StateLayout layout, int head_dim) {
+  const int64_t slices32 = k.num_seqs * k.num_v_heads * (head_dim / recurrent::kValuesPerCta);
+  const bool direct_ok = fast && k.num_seqs <= recurrent::kDirectMaxSeqs;
+  const bool ring_ok = fast && head_dim == recurrent::kRingHeadDim;
+  Choice c;
+  bool chosen = false;
+  if (fast && few_tokens(k)) {
+    const bool small = slices32 <= kDirectMaxSlicesPerSm * std::max(num_sms(), 1);
+    // NOTE: measured on the H200 (2026-12-01, docs/benchmarks.md): the ring kernels lost to the
+    // staged 64-row kernel on every row with B >= 32 (e.g. H32 B512 fp32 875 vs 577 us), so only
+    // the direct kernel joins the default choice; the rings stay selectable.
+    if (direct_ok && small) {
+      c.variant = Variant::kDirect32;
+      chosen = true;
     }
   }
-#if defined(KDAKIT_DECODE_VARIANT_SELECT)
-  chosen = forced_variant(chosen, k, dtype_state, layout, head_dim);
-#endif
-  return chosen;
+  if (!chosen && staged_fits(k, dtype_state, layout)) {
+    if (single_token(k)) {
+      c.variant = wide_fits(k, dtype_state, layout, head_dim) && slices32 > kWideMinCtas ? Variant::kStagedSingleWide
+                                                                                          : Variant::kStagedSingle;
+    } else if (k.cu_seqlens != nullptr && k.seqlen <= k.num_seqs) {
+      c.variant = Variant::kStagedMulti;
+    }
+  }
+
+  // KDAKIT_DECODE_VARIANT forces a variant where it fits (read on every call, so that one
+  // process can test and time each); an unknown name or one that does not fit keeps the choice.
+  if (const char* v = std::getenv("KDAKIT_DECODE_VARIANT"); v != nullptr && v[0] != '\0') {
+    const std::string name(v);
+    if (name == "registers") {
+      c.variant = Variant::kRegisters;
+    } else if (name == "staged" && staged_fits(k, dtype_state, layout) && few_tokens(k)) {
+      c.variant = single_token(k) ? Variant::kStagedSingle : Variant::kStagedMulti;
+    } else if (name == "staged64" && wide_fits(k, dtype_state, layout, head_dim)) {
+      c.variant = Variant::kStagedSingleWide;
+    } else if ((name == "direct32" || name == "direct16") && direct_ok) {
+      c.variant = name == "direct32" ? Variant::kDirect32 : Variant::kDirect16;
+    } else if (name == "ring8x3" && ring_ok) {
+      c.variant = Variant::kRing8x3;
+    } else if (name == "ring12x2" && ring_ok) {
+      c.variant = Variant::kRing12x2;
+    } else if (name == "ring4x6" && ring_ok) {
+      c.variant = Variant::kRing4x6;
+    } else if (name == "ring8x3bs" && ring_ok) {
+      c.variant = Variant::kRing8x3BulkStore;
+    }
+  }
+  c.pdl = env_flag("KDAKIT_DECODE_PDL", kDefaultPdl && (c.variant == Variant::kDirect32 || c.variant == Variant::kDirect16));
+  return c;
 }
 
-// The one runtime -> template switch.
-Status launch(const RecurrentKernelParams& k, DType dtype_state, StateLayout layout, int head_dim,
-              cudaStream_t stream) {
-  const Variant variant = choose_variant(k, dtype_state, layout, head_dim);
+// KDAKIT_DECODE_RING_CTAS=n caps the ring kernel's persistent grid at n CTAs (tests: many
+// units per warp, index-batch refills and stage phase wrap-around on small problems).
+int ring_max_ctas() {
+  const char* v = std::getenv("KDAKIT_DECODE_RING_CTAS");
+  return v != nullptr ? std::max(0, std::atoi(v)) : 0;
+}
+
+bool is_fast(Variant v) {
+  return v == Variant::kDirect32 || v == Variant::kDirect16 || v == Variant::kRing8x3 || v == Variant::kRing12x2 ||
+         v == Variant::kRing4x6 || v == Variant::kRing8x3BulkStore;
+}
+
+Status launch_fast(const recurrent::FastDecodeParams& f, Variant variant, bool pdl, DType dtype_state, int head_dim,
+                   cudaStream_t stream) {
+  using recurrent::launch_direct;
+  using recurrent::launch_ring;
+  auto by_dtype = [&]<class StateT>() -> Status {
+    switch (variant) {
+      case Variant::kDirect32:
+        return head_dim == 128 ? launch_direct<StateT, 128, 8>(f, stream, pdl) : launch_direct<StateT, 64, 8>(f, stream, pdl);
+      case Variant::kDirect16:
+        return head_dim == 128 ? launch_direct<StateT, 128, 4>(f, stream, pdl) : launch_direct<StateT, 64, 4>(f, stream, pdl);
+      case Variant::kRing8x3: return launch_ring<StateT, 8, 3, false>(f, stream, pdl, num_sms(), ring_max_ctas());
+      case Variant::kRing12x2: return launch_ring<StateT, 12, 2, false>(f, stream, pdl, num_sms(), ring_max_ctas());
+      case Variant::kRing4x6: return launch_ring<StateT, 4, 6, false>(f, stream, pdl, num_sms(), ring_max_ctas());
+      case Variant::kRing8x3BulkStore:
+        return launch_ring<StateT, 8, 3, true>(f, stream, pdl, num_sms(), ring_max_ctas());
+      default: return Status(StatusCode::kInternal, "decode: launch_fast called for a non-fast variant");
+    }
+  };
+  if (dtype_state == DType::kFloat32) return by_dtype.template operator()<float>();
+  return by_dtype.template operator()<__nv_bfloat16>();
+}
+
+// The one runtime -> template switch. fast: the fast kernels' parameters (nullptr when the
+// call does not fit them).
+Status launch(const RecurrentKernelParams& k, const recurrent::FastDecodeParams* fast, DType dtype_state,
+              StateLayout layout, int head_dim, cudaStream_t stream) {
+  const Choice choice = choose_variant(k, fast != nullptr, dtype_state, layout, head_dim);
+  const Variant variant = choice.variant;
   if (print_configs()) {
     std::fprintf(stderr,
-                 "kdakit: kda_decode_sm90_%s state=%s layout=%s K=V=%d mode=%s seqs=%lld heads=%d "
+                 "kdakit: kda_decode_sm90_%s variant=%s pdl=%d state=%s layout=%s K=V=%d mode=%s seqs=%lld heads=%d "
                  "token_group=%d items=%lld\n",
-                 variant_name(variant),
+                 variant_name(variant), variant_env_name(variant), is_fast(variant) && choice.pdl ? 1 : 0,
                  to_string(dtype_state), to_string(layout), head_dim,
                  k.mode == recurrent::Mode::kDecode ? "decode" : "prefill", (long long)k.num_seqs, k.num_v_heads,
                  k.token_group, (long long)(k.num_seqs * k.num_v_heads * (head_dim / recurrent::kValuesPerCta)));
   }
+  if (is_fast(variant)) return launch_fast(*fast, variant, choice.pdl, dtype_state, head_dim, stream);
   auto staged = [&]<class StateT, bool kSingle>() -> Status {
     if (head_dim == 128) return recurrent::launch_staged<StateT, 128, kSingle, 1>(k, stream);
     return recurrent::launch_staged<StateT, 64, kSingle, 1>(k, stream);
@@ -220,16 +432,8 @@ Status launch(const RecurrentKernelParams& k, DType dtype_state, StateLayout lay
   return by_layout.template operator()<__nv_bfloat16>();
 }
 
-}  // namespace
-
-Status run_decode(const DecodeParams& p, cudaStream_t stream) {
-  if (Status s = check_shape(p.head_dim_k, p.head_dim_v, p.dtype_state); !s.ok()) return s;
-  if (Status s = check_state_alignment("state", p.state, p.num_state_slots > 1 ? p.stride_state_slot : 0,
-                                       p.dtype_state, p.state_layout, p.head_dim_k);
-      !s.ok()) {
-    return s;
-  }
-  if (p.num_seqs == 0 || p.seqlen == 0) return Status::Ok();
+// RecurrentKernelParams of a decode call (also what decode_variant inspects).
+RecurrentKernelParams decode_kernel_params(const DecodeParams& p) {
   RecurrentKernelParams k;
   copy_common(p, k);
   k.mode = recurrent::Mode::kDecode;
@@ -241,7 +445,35 @@ Status run_decode(const DecodeParams& p, cudaStream_t stream) {
   k.num_index_cols = p.num_index_cols;
   k.num_accepted_tokens = p.num_accepted_tokens;
   k.null_slot_is_padding = p.null_slot_is_padding;
-  return launch(k, p.dtype_state, p.state_layout, p.head_dim_k, stream);
+  return k;
+}
+
+}  // namespace
+
+Status run_decode(const DecodeParams& p, cudaStream_t stream) {
+  if (Status s = check_shape(p.head_dim_k, p.head_dim_v, p.dtype_state); !s.ok()) return s;
+  if (Status s = check_state_alignment("state", p.state, p.num_state_slots > 1 ? p.stride_state_slot : 0,
+                                       p.dtype_state, p.state_layout, p.head_dim_k);
+      !s.ok()) {
+    return s;
+  }
+  if (p.num_seqs == 0 || p.seqlen == 0) return Status::Ok();
+  const RecurrentKernelParams k = decode_kernel_params(p);
+  recurrent::FastDecodeParams f;
+  const bool fast = make_fast_params(p, f);
+  return launch(k, fast ? &f : nullptr, p.dtype_state, p.state_layout, p.head_dim_k, stream);
+}
+
+std::string decode_variant(const DecodeParams& p) {
+  const RecurrentKernelParams k = decode_kernel_params(p);
+  recurrent::FastDecodeParams f;
+  const bool fast = make_fast_params(p, f);
+  const Choice c = choose_variant(k, fast, p.dtype_state, p.state_layout, p.head_dim_k);
+  return std::string(variant_env_name(c.variant)) + (is_fast(c.variant) && c.pdl ? "+pdl" : "");
+}
+
+std::vector<std::string> decode_variant_names() {
+  return {"registers", "staged", "staged64", "direct32", "direct16", "ring8x3", "ring12x2", "ring4x6", "ring8x3bs"};
 }
 
 Status run_recurrent_prefill(const PrefillParams& p, cudaStream_t stream) {
@@ -279,7 +511,7 @@ Status run_recurrent_prefill(const PrefillParams& p, cudaStream_t stream) {
   k.chunk_states = p.chunk_states;
   k.num_chunk_states = p.chunk_states != nullptr ? p.num_chunk_states : 0;
   k.chunk_state_interval = p.chunk_states != nullptr ? p.chunk_state_interval : 0;
-  return launch(k, p.dtype_state, p.state_layout, p.head_dim_k, stream);
+  return launch(k, nullptr, p.dtype_state, p.state_layout, p.head_dim_k, stream);
 }
 
 }  // namespace kdakit::sm90

@@ -17,4 +17,17 @@ Status launch_recurrent(const RecurrentKernelParams& p, cudaStream_t stream);
 template <class StateT, int kHeadDim, bool kSingleToken, int kGroups>
 Status launch_staged(const RecurrentKernelParams& p, cudaStream_t stream);
 
+// Fast single-column V-first decode (config.h, FastDecodeParams), pdl: launch with the
+// programmatic-dependent-launch attribute (fast_launch.cuh).
+// direct.cuh: kRowsPerWarp (8 or 4) value rows per warp, 4 warps per CTA; K = V = 64 or 128.
+template <class StateT, int kHeadDim, int kRowsPerWarp>
+Status launch_direct(const FastDecodeParams& p, cudaStream_t stream, bool pdl);
+
+// ring.cuh: persistent grid of kWarps-warp CTAs, kStages bulk-copy stages per warp; K = V = 128.
+// num_sms: multiprocessors of the current device (the grid is num_sms x resident CTAs per SM);
+// max_ctas > 0 caps the grid (tests: many units per warp on small problems). kBulkStore: the
+// state goes back through shared memory and one bulk store per unit.
+template <class StateT, int kWarps, int kStages, bool kBulkStore>
+Status launch_ring(const FastDecodeParams& p, cudaStream_t stream, bool pdl, int num_sms, int max_ctas);
+
 }  // namespace kdakit::sm90::recurrent

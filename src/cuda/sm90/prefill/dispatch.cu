@@ -1,8 +1,13 @@
 // The sm_90a prefill dispatcher: checks that a kernel is built for the call's shape and dtypes,
-// then runs, on one stream, plan (chunk map from cu_seqlens) -> prep (per-chunk blocks, token
-// parallel) -> recurrence (chunk-serial state passing), or the token-serial kernel for batches
-// of very short sequences. The one place where runtime values turn into template arguments of
-// the recurrence kernel (value rows per CTA). KDAKIT_PRINT_CONFIGS=1 prints the choice.
+// then runs, on one stream, one of three paths:
+//   fused     plan (sequence map from cu_seqlens) -> the fused kernel (preparation and
+//             recurrence in one CTA, no workspace round trip); the default wherever it applies
+//   chunked   plan -> prep (per-chunk blocks, token parallel) -> recurrence (chunk-serial)
+//   token-serial  decode's kernel, for batches of very short sequences the others do not take
+// The one place where runtime values turn into template arguments of the prefill kernels
+// (gate, consumer warpgroups, value rows per CTA). KDAKIT_PRINT_CONFIGS=1 prints the choice;
+// KDAKIT_PREFILL_PATH=fused|chunked|token_serial forces a path and KDAKIT_FUSED_CONSUMERS=1|2
+// the fused kernel's warpgroups (tests, benchmarks).
 #include "cuda/sm90/prefill/dispatch.h"
 
 #include <cuda_runtime.h>
@@ -10,8 +15,10 @@
 #include <cstdio>
 #include <cstdlib>
 #include <string>
+#include <type_traits>
 
 #include "cuda/sm90/decode/dispatch.h"
+#include "cuda/sm90/prefill/fused/launch.h"
 #include "cuda/sm90/prefill/prep/launch.h"
 #include "cuda/sm90/prefill/recurrence/launch.h"
 #include "cuda/sm90/prefill/workspace.h"
@@ -51,9 +58,71 @@ bool prefer_token_serial(const PrefillParams& p) {
   return tokens <= kTokenSerialMaxAverageLength * p.num_seqs;
 }
 
+// The forced path from KDAKIT_PREFILL_PATH (read once), or set_prefill_path's override.
+PrefillPath forced_path_env() {
+  static const PrefillPath path = [] {
+    const char* env = std::getenv("KDAKIT_PREFILL_PATH");
+    if (env == nullptr) return PrefillPath::kAuto;
+    const std::string v(env);
+    if (v == "fused") return PrefillPath::kFused;
+    if (v == "chunked") return PrefillPath::kChunked;
+    if (v == "token_serial") return PrefillPath::kTokenSerial;
+    return PrefillPath::kAuto;
+  }();
+  return path;
+}
+PrefillPath path_override = PrefillPath::kAuto;
+
+// KDAKIT_FUSED_CONSUMERS=1|2 forces the fused kernel's consumer warpgroups per CTA (tests run
+// both variants on small cases); 0 = the heuristic.
+int fused_consumers_override() {
+  static const int v = [] {
+    const char* env = std::getenv("KDAKIT_FUSED_CONSUMERS");
+    return env != nullptr && (env[0] == '1' || env[0] == '2') && env[1] == '\0' ? env[0] - '0' : 0;
+  }();
+  return v;
+}
+
+PrefillPath forced_path() { return path_override != PrefillPath::kAuto ? path_override : forced_path_env(); }
+
+// NOTE: the fused kernel is the default only for batches of short sequences, where it measured
+// faster than the two-kernel path on the H200 (2026-12-01: H96 64 x 128 2.20 vs 2.27 ms, 32 x 256
+// 4.10 vs 4.36, 16 x 512 8.09 vs 8.18 token-serial). On long sequences its producer warpgroup
+// (one warp per SMSP, ~19 us a chunk) is slower than the prep kernel's 16 warps per SM (H96
+// fixed 2.42 vs 1.55 ms); docs/design/20261201-prefill-fused.md has the profile.
+constexpr int64_t kFusedMaxAverageLength = 64;
+
+bool short_sequences(const PrefillParams& p) {
+  const int64_t tokens = p.cu_seqlens != nullptr ? p.seqlen : p.batch * p.seqlen;
+  return tokens <= kFusedMaxAverageLength * p.num_seqs;
+}
+
+// The chunked kernels this call takes: fused where it applies and is the faster (or is
+// forced), else the two-kernel path.
+bool use_fused(const PrefillParams& p) {
+  const PrefillPath f = forced_path();
+  return (f == PrefillPath::kFused || (f == PrefillPath::kAuto && short_sequences(p))) &&
+         prefill::fused_unsupported(p).empty();
+}
+
 }  // namespace
 
-size_t prefill_workspace_size(const PrefillParams& p) { return plan_for(p).total_bytes; }
+void set_prefill_path(PrefillPath path) { path_override = path; }
+
+// NOTE: the fused path reads only the plan region; the chunk blocks (90 KB per chunk and head)
+// are the two-kernel path's. Sized from the batch fields alone (no tensors, head dims unset:
+// prefill_plan, engines sizing one buffer for their largest batch), the answer is the two-kernel
+// path's, which covers every batch of at most those sizes whichever path it takes (a smaller
+// N can move a batch from the fused path to the two-kernel one). Queried with a call's tensors,
+// the answer is that call's path's.
+size_t prefill_workspace_size(const PrefillParams& p) {
+  const prefill::WorkspacePlan plan = plan_for(p);
+  const bool batch_only = p.q == nullptr && p.head_dim_k == 0;
+  const PrefillPath f = forced_path();
+  if (f == PrefillPath::kChunked) return plan.total_bytes;
+  if (batch_only) return f == PrefillPath::kFused ? plan.chunk_blocks_offset : plan.total_bytes;
+  return use_fused(p) ? plan.chunk_blocks_offset : plan.total_bytes;
+}
 
 Status run_prefill(const PrefillParams& p, cudaStream_t stream) {
   // ---- what the chunked kernels support
@@ -67,7 +136,40 @@ Status run_prefill(const PrefillParams& p, cudaStream_t stream) {
   if (p.num_seqs == 0) return Status::Ok();
 
   const bool print = std::getenv("KDAKIT_PRINT_CONFIGS") != nullptr;
-  if (prefer_token_serial(p)) {
+  const PrefillPath forced = forced_path();
+  const prefill::WorkspacePlan plan = plan_for(p);
+  if (use_fused(p)) {
+    const size_t need = plan.chunk_blocks_offset;
+    if (p.workspace == nullptr || p.workspace_bytes < need)
+      return Status(StatusCode::kInvalidArgument, "workspace: expected at least " + std::to_string(need) +
+                                                      " bytes, got " + std::to_string(p.workspace_bytes));
+    // NOTE: with plan_ready the plan region already holds this batch's plan (kdakit::prefill_plan).
+    Status st = p.plan_ready ? Status::Ok() : prefill::launch_prefill_plan(p, plan, p.workspace, stream);
+    if (!st.ok()) return st;
+    const int consumers = fused_consumers_override() != 0 ? fused_consumers_override()
+                                                          : prefill::fused_consumers(p.num_seqs, p.num_v_heads,
+                                                                                     current_num_sms());
+    if (print)
+      std::fprintf(stderr, "kdakit prefill: N=%lld HV=%d fused path, %d consumer warpgroup(s) per CTA\n",
+                   (long long)p.num_seqs, p.num_v_heads, consumers);
+    auto launch = [&](auto gate) -> Status {
+      constexpr GateMode kGate = decltype(gate)::value;
+      const int sms = current_num_sms();
+      return consumers == 2 ? prefill::launch_prefill_fused<kGate, 2>(p, plan, p.workspace, sms, stream)
+                            : prefill::launch_prefill_fused<kGate, 1>(p, plan, p.workspace, sms, stream);
+    };
+    switch (p.gate) {
+      case GateMode::kPrecomputed: return launch(std::integral_constant<GateMode, GateMode::kPrecomputed>{});
+      case GateMode::kSoftplus: return launch(std::integral_constant<GateMode, GateMode::kSoftplus>{});
+      case GateMode::kLowerBound: return launch(std::integral_constant<GateMode, GateMode::kLowerBound>{});
+    }
+    return Status(StatusCode::kInvalidArgument, "prefill: gate must be precomputed, softplus or lower_bound, got " +
+                                                    std::to_string(int(p.gate)));
+  }
+  if (forced == PrefillPath::kFused)
+    return unsupported("the fused path (KDAKIT_PREFILL_PATH=fused) does not take this call: " +
+                       prefill::fused_unsupported(p));
+  if (forced == PrefillPath::kTokenSerial || (forced == PrefillPath::kAuto && prefer_token_serial(p))) {
     const Status st = run_recurrent_prefill(p, stream);
     if (print)
       std::fprintf(stderr, "kdakit prefill: N=%lld T=%lld token-serial path (%s)\n", (long long)p.num_seqs,
@@ -76,12 +178,17 @@ Status run_prefill(const PrefillParams& p, cudaStream_t stream) {
     if (st.code() != StatusCode::kUnsupported) return st;
   }
 
-  const prefill::WorkspacePlan plan = plan_for(p);
   if (p.workspace == nullptr || p.workspace_bytes < plan.total_bytes)
-    return Status(StatusCode::kInvalidArgument, "workspace: expected at least " + std::to_string(plan.total_bytes) +
-                                                    " bytes, got " + std::to_string(p.workspace_bytes));
+    return Status(StatusCode::kInvalidArgument,
+                  "workspace: expected at least " + std::to_string(plan.total_bytes) + " bytes, got " +
+                      std::to_string(p.workspace_bytes) + " (this call takes the two-kernel path" +
+                      (forced == PrefillPath::kChunked ? std::string(": KDAKIT_PREFILL_PATH=chunked")
+                                                       : ", the fused kernel does not take " +
+                                                             prefill::fused_unsupported(p)) +
+                      "; size the workspace with prefill_workspace_size of this call's tensors)");
 
-  Status st = prefill::launch_prefill_plan(p, plan, p.workspace, stream);
+  // NOTE: with plan_ready the plan region already holds this batch's plan (kdakit::prefill_plan).
+  Status st = p.plan_ready ? Status::Ok() : prefill::launch_prefill_plan(p, plan, p.workspace, stream);
   if (!st.ok()) return st;
   st = prefill::launch_prefill_prep(p, plan, p.workspace, stream);
   if (!st.ok()) return st;

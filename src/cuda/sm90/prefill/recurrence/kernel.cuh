@@ -43,9 +43,16 @@
 
 #include "cuda/sm90/prefill/recurrence/config.h"
 #include "cuda/sm90/prefill/recurrence/launch.h"
-#include "cuda/sm90/prefill/recurrence/ptx.cuh"
+#include "cuda/sm90/prefill/common/ptx.cuh"
+#include "cuda/sm90/prefill/common/state_io.cuh"
+#include "cuda/sm90/prefill/common/tensor_map.h"
 
 namespace kdakit::sm90::prefill::recurrence {
+
+using common::encode_block_map;
+using common::load_state;
+using common::state_at;
+using common::store_state;
 
 // Kernel-side parameters, derived from PrefillParams by the launcher.
 struct KernelParams {
@@ -81,105 +88,6 @@ struct TmaParams {
   CUtensorMap m;    // bf16 [blocks][64][64], box 64 x 64, 128B swizzle
   CUtensorMap u0;   // fp32 [blocks][64][128], box kValueRows x 64, no swizzle
 };
-
-// ---- state fragments ------------------------------------------------------------------------
-// Thread (group, quad) of a warp owning value rows vrow .. vrow + 15 holds, in tile j (key
-// channels 8 j .. 8 j + 7): S^T[vrow + group][8 j + 2 quad + {0, 1}] in c0, c1 and the same
-// for vrow + group + 8 in c2, c3.
-__device__ __forceinline__ void load_state(float (&s)[16][4], const void* base, int vrow, int quad,
-                                           const KernelParams& p) {
-  #pragma unroll
-  for (int j = 0; j < 16; ++j) {
-    #pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      const int v = vrow + 8 * half;
-      const int k = 8 * j + 2 * quad;
-      float x0, x1;
-      if (p.k_first) {
-        const int64_t i0 = int64_t(k) * kHeadDim + v, i1 = i0 + kHeadDim;
-        if (p.state_bf16) {
-          x0 = __bfloat162float(static_cast<const __nv_bfloat16*>(base)[i0]);
-          x1 = __bfloat162float(static_cast<const __nv_bfloat16*>(base)[i1]);
-        } else {
-          x0 = static_cast<const float*>(base)[i0];
-          x1 = static_cast<const float*>(base)[i1];
-        }
-      } else {
-        const int64_t i0 = int64_t(v) * kHeadDim + k;
-        if (p.state_bf16) {
-          const __nv_bfloat16* b = static_cast<const __nv_bfloat16*>(base) + i0;
-          if (p.state_pairs) {
-            const __nv_bfloat162 pair = *reinterpret_cast<const __nv_bfloat162*>(b);
-            x0 = __low2float(pair);
-            x1 = __high2float(pair);
-          } else {
-            x0 = __bfloat162float(b[0]);
-            x1 = __bfloat162float(b[1]);
-          }
-        } else {
-          const float* f = static_cast<const float*>(base) + i0;
-          if (p.state_pairs) {
-            const float2 pair = *reinterpret_cast<const float2*>(f);
-            x0 = pair.x;
-            x1 = pair.y;
-          } else {
-            x0 = f[0];
-            x1 = f[1];
-          }
-        }
-      }
-      s[j][2 * half] = x0;
-      s[j][2 * half + 1] = x1;
-    }
-  }
-}
-
-__device__ __forceinline__ void store_state(const float (&s)[16][4], void* base, int vrow, int quad,
-                                            const KernelParams& p) {
-  #pragma unroll
-  for (int j = 0; j < 16; ++j) {
-    #pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      const int v = vrow + 8 * half;
-      const int k = 8 * j + 2 * quad;
-      const float x0 = s[j][2 * half], x1 = s[j][2 * half + 1];
-      if (p.k_first) {
-        const int64_t i0 = int64_t(k) * kHeadDim + v, i1 = i0 + kHeadDim;
-        if (p.state_bf16) {
-          static_cast<__nv_bfloat16*>(base)[i0] = __float2bfloat16_rn(x0);
-          static_cast<__nv_bfloat16*>(base)[i1] = __float2bfloat16_rn(x1);
-        } else {
-          static_cast<float*>(base)[i0] = x0;
-          static_cast<float*>(base)[i1] = x1;
-        }
-      } else {
-        const int64_t i0 = int64_t(v) * kHeadDim + k;
-        if (p.state_bf16) {
-          __nv_bfloat16* b = static_cast<__nv_bfloat16*>(base) + i0;
-          if (p.state_pairs) {
-            *reinterpret_cast<__nv_bfloat162*>(b) = __floats2bfloat162_rn(x0, x1);
-          } else {
-            b[0] = __float2bfloat16_rn(x0);
-            b[1] = __float2bfloat16_rn(x1);
-          }
-        } else {
-          float* f = static_cast<float*>(base) + i0;
-          if (p.state_pairs) {
-            *reinterpret_cast<float2*>(f) = make_float2(x0, x1);
-          } else {
-            f[0] = x0;
-            f[1] = x1;
-          }
-        }
-      }
-    }
-  }
-}
-
-// Address of one (slot, head) state: `elements` counted in the storage dtype.
-__device__ __forceinline__ void* state_at(void* base, int64_t elements, bool bf16) {
-  return static_cast<uint8_t*>(base) + elements * (bf16 ? 2 : 4);
-}
 
 // ---- swizzled shared-memory addresses ---------------------------------------------------------
 // Qt/W/Kh tile: two halves [192 rows][64 cols] bf16; 16-byte chunk c of row r sits at chunk
@@ -471,40 +379,6 @@ __global__ void __launch_bounds__(Config<kValueRows>::kThreads) __maxnreg__(Conf
 inline Status cuda_status(cudaError_t err, const char* what, int line) {
   return Status(StatusCode::kCudaError, std::string("recurrence/kernel.cuh:") + std::to_string(line) + ": " + what +
                                             ": " + cudaGetErrorString(err));
-}
-
-// cuTensorMapEncodeTiled from the driver, looked up once (no libcuda link needed).
-inline PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
-  static PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
-    void* ptr = nullptr;
-    cudaDriverEntryPointQueryResult qres{};
-    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &ptr, 12000, cudaEnableDefault, &qres) !=
-            cudaSuccess ||
-        qres != cudaDriverEntryPointSuccess)
-      return static_cast<PFN_cuTensorMapEncodeTiled_v12000>(nullptr);
-    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(ptr);
-  }();
-  return fn;
-}
-
-inline Status encode_block_map(CUtensorMap* map, CUtensorMapDataType dtype, const void* base, uint64_t cols,
-                               uint64_t rows, uint64_t blocks, uint64_t row_bytes, uint32_t box_cols,
-                               uint32_t box_rows, CUtensorMapSwizzle swizzle, const char* name) {
-  auto encode = tensor_map_encoder();
-  if (encode == nullptr)
-    return Status(StatusCode::kCudaError, "recurrence: cuTensorMapEncodeTiled not found in the CUDA driver");
-  const cuuint64_t dims[3] = {cols, rows, blocks};
-  const cuuint64_t strides[2] = {row_bytes, kChunkBlockBytes};
-  const cuuint32_t box[3] = {box_cols, box_rows, 1};
-  const cuuint32_t elem_strides[3] = {1, 1, 1};
-  const CUresult res = encode(map, dtype, 3, const_cast<void*>(base), dims, strides, box, elem_strides,
-                              CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-                              CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  if (res != CUDA_SUCCESS)
-    return Status(StatusCode::kCudaError,
-                  std::string("recurrence: cuTensorMapEncodeTiled failed for ") + name + " (CUresult " +
-                      std::to_string(int(res)) + ")");
-  return Status::Ok();
 }
 
 }  // namespace kdakit::sm90::prefill::recurrence

@@ -1,4 +1,4 @@
-// PTX wrappers used by the prefill recurrence kernel: bf16 packing, mbarrier, and the bulk /
+// PTX wrappers used by the prefill kernels (recurrence, fused): bf16 packing, mbarrier, and the bulk /
 // tensor copies of the TMA unit (the MMA and ldmatrix wrappers come from cuda/common).
 //
 // Fragment layouts of mma.sync.m16n8k16 (bf16 in, fp32 accumulate), lane = 4 * group + quad:
@@ -92,6 +92,74 @@ __device__ __forceinline__ void bulk_load(void* dst, const void* src, uint32_t b
           smem_addr(dst)),
       "l"(src), "r"(bytes), "r"(smem_addr(bar))
       : "memory");
+}
+
+// 4D tile of `map` at coordinates (c0, c1, c2, c3) into shared memory; completes tx on `bar`.
+__device__ __forceinline__ void tma_load_4d(void* dst, const CUtensorMap* map, uint64_t* bar, int32_t c0,
+                                            int32_t c1, int32_t c2, int32_t c3) {
+  asm volatile(
+      "cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4, %5, "
+      "%6}], [%2];" ::"r"(smem_addr(dst)),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(smem_addr(bar)), "r"(c0), "r"(c1), "r"(c2), "r"(c3)
+      : "memory");
+}
+
+// ---- named barriers, register reallocation ----------------------------------------------------
+// bar.sync over `threads` threads (a multiple of 32) on barrier `id` (1..15; 0 is __syncthreads).
+__device__ __forceinline__ void named_barrier_sync(uint32_t id, uint32_t threads) {
+  asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
+}
+template <uint32_t kRegs>
+__device__ __forceinline__ void setmaxnreg_inc() {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(kRegs));
+}
+template <uint32_t kRegs>
+__device__ __forceinline__ void setmaxnreg_dec() {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(kRegs));
+}
+
+// ---- stmatrix -----------------------------------------------------------------------------------
+// Four 8 x 8 bf16 matrices from the A/C fragment layout (the inverse of ldmatrix.x4): lane l
+// gives the shared address of row l % 8 of matrix l / 8; register i goes to matrix i.
+__device__ __forceinline__ void stmatrix_x4(uint32_t addr, uint32_t r0, uint32_t r1, uint32_t r2, uint32_t r3) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};" ::"r"(addr), "r"(r0), "r"(r1),
+               "r"(r2), "r"(r3)
+               : "memory");
+}
+
+// ---- wgmma ----------------------------------------------------------------------------------------
+// https://docs.nvidia.com/cuda/parallel-thread-execution/#asynchronous-warpgroup-level-matrix-instructions
+// fence: before the first wgmma that reads registers written by ordinary instructions;
+// commit: closes a group of issued wgmma; wait<N>: until at most N groups are pending.
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
+template <int kPending>
+__device__ __forceinline__ void wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(kPending) : "memory");
+}
+// Keeps the compiler from moving reads or writes of an accumulator across a wgmma wait.
+template <int N>
+__device__ __forceinline__ void fence_operands(float (&x)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(x[i])::"memory");
+}
+
+// Shared-memory matrix descriptor of a 128-byte-swizzled bf16 operand (1024-byte aligned tile
+// base; start may be offset inside it by the k-step). Fields in 16-byte units: start address
+// (bits 0-13), leading byte offset (16-29), stride byte offset (32-45); layout 1 = 128B swizzle
+// (bits 62-63).
+//   K-major (rows of 64 K-elements, 128 bytes): sbo = 1024 (8 rows), lbo unused (1).
+//   MN-major (rows of 64 MN-elements along K):  sbo = 1024 (8 K-rows), lbo = stride between
+//   64-element MN blocks.
+// NOTE: assembled by a volatile mov at the point of use, so that the compiler rebuilds each
+// descriptor from its 32-bit address instead of keeping dozens of 64-bit descriptors live
+// across the chunk loop (they pushed the consumer warpgroups past their register budget).
+__device__ __forceinline__ uint64_t smem_desc(uint32_t addr, uint32_t lbo_bytes, uint32_t sbo_bytes) {
+  const uint32_t lo = ((addr >> 4) & 0x3FFFu) | (((lbo_bytes >> 4) & 0x3FFFu) << 16);
+  const uint32_t hi = ((sbo_bytes >> 4) & 0x3FFFu) | (1u << 30);
+  uint64_t desc;
+  asm volatile("mov.b64 %0, {%1, %2};" : "=l"(desc) : "r"(lo), "r"(hi));
+  return desc;
 }
 
 }  // namespace kdakit::sm90::prefill::ptx

@@ -1,0 +1,117 @@
+// Recurrent-state I/O of the chunked prefill kernels (recurrence, fused): one warp's 16 value
+// rows of S^T (V x K) in the mma / wgmma accumulator layout, read from and written to a state
+// stored V-first [V][K] or K-first [K][V], in fp32 or bf16. P is any kernel-side params struct
+// with the flags k_first, state_bf16 and state_pairs.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "cuda/sm90/prefill/workspace.h"
+
+namespace kdakit::sm90::prefill::common {
+
+// ---- state fragments ------------------------------------------------------------------------
+// Thread (group, quad) of a warp owning value rows vrow .. vrow + 15 holds, in tile j (key
+// channels 8 j .. 8 j + 7): S^T[vrow + group][8 j + 2 quad + {0, 1}] in c0, c1 and the same
+// for vrow + group + 8 in c2, c3.
+template <class P>
+__device__ __forceinline__ void load_state(float (&s)[16][4], const void* base, int vrow, int quad,
+                                           const P& p) {
+  #pragma unroll
+  for (int j = 0; j < 16; ++j) {
+    #pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int v = vrow + 8 * half;
+      const int k = 8 * j + 2 * quad;
+      float x0, x1;
+      if (p.k_first) {
+        const int64_t i0 = int64_t(k) * kHeadDim + v, i1 = i0 + kHeadDim;
+        if (p.state_bf16) {
+          x0 = __bfloat162float(static_cast<const __nv_bfloat16*>(base)[i0]);
+          x1 = __bfloat162float(static_cast<const __nv_bfloat16*>(base)[i1]);
+        } else {
+          x0 = static_cast<const float*>(base)[i0];
+          x1 = static_cast<const float*>(base)[i1];
+        }
+      } else {
+        const int64_t i0 = int64_t(v) * kHeadDim + k;
+        if (p.state_bf16) {
+          const __nv_bfloat16* b = static_cast<const __nv_bfloat16*>(base) + i0;
+          if (p.state_pairs) {
+            const __nv_bfloat162 pair = *reinterpret_cast<const __nv_bfloat162*>(b);
+            x0 = __low2float(pair);
+            x1 = __high2float(pair);
+          } else {
+            x0 = __bfloat162float(b[0]);
+            x1 = __bfloat162float(b[1]);
+          }
+        } else {
+          const float* f = static_cast<const float*>(base) + i0;
+          if (p.state_pairs) {
+            const float2 pair = *reinterpret_cast<const float2*>(f);
+            x0 = pair.x;
+            x1 = pair.y;
+          } else {
+            x0 = f[0];
+            x1 = f[1];
+          }
+        }
+      }
+      s[j][2 * half] = x0;
+      s[j][2 * half + 1] = x1;
+    }
+  }
+}
+
+template <class P>
+__device__ __forceinline__ void store_state(const float (&s)[16][4], void* base, int vrow, int quad,
+                                            const P& p) {
+  #pragma unroll
+  for (int j = 0; j < 16; ++j) {
+    #pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int v = vrow + 8 * half;
+      const int k = 8 * j + 2 * quad;
+      const float x0 = s[j][2 * half], x1 = s[j][2 * half + 1];
+      if (p.k_first) {
+        const int64_t i0 = int64_t(k) * kHeadDim + v, i1 = i0 + kHeadDim;
+        if (p.state_bf16) {
+          static_cast<__nv_bfloat16*>(base)[i0] = __float2bfloat16_rn(x0);
+          static_cast<__nv_bfloat16*>(base)[i1] = __float2bfloat16_rn(x1);
+        } else {
+          static_cast<float*>(base)[i0] = x0;
+          static_cast<float*>(base)[i1] = x1;
+        }
+      } else {
+        const int64_t i0 = int64_t(v) * kHeadDim + k;
+        if (p.state_bf16) {
+          __nv_bfloat16* b = static_cast<__nv_bfloat16*>(base) + i0;
+          if (p.state_pairs) {
+            *reinterpret_cast<__nv_bfloat162*>(b) = __floats2bfloat162_rn(x0, x1);
+          } else {
+            b[0] = __float2bfloat16_rn(x0);
+            b[1] = __float2bfloat16_rn(x1);
+          }
+        } else {
+          float* f = static_cast<float*>(base) + i0;
+          if (p.state_pairs) {
+            *reinterpret_cast<float2*>(f) = make_float2(x0, x1);
+          } else {
+            f[0] = x0;
+            f[1] = x1;
+          }
+        }
+      }
+    }
+  }
+}
+
+// Address of one (slot, head) state: `elements` counted in the storage dtype.
+__device__ __forceinline__ void* state_at(void* base, int64_t elements, bool bf16) {
+  return static_cast<uint8_t*>(base) + elements * (bf16 ? 2 : 4);
+}
+
+}  // namespace kdakit::sm90::prefill::common

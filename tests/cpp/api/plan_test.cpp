@@ -1,0 +1,217 @@
+// The plan step's host side (docs/contract.md, "plan / workspace"): prefill_workspace_size and
+// prefill_plan read only the batch fields and name the bad one; prefill with plan_ready needs
+// its workspace; the host mirror of the plan kernel (what KDAKIT_DEBUG_CHECKS=1 compares a
+// plan_ready workspace with) on hand-computed examples. Host buffers only: every call here
+// returns before a launch, so it runs in CUDA builds without a GPU too.
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "api/metadata_checks.h"
+#include "kdakit/kdakit.h"
+
+namespace kdakit {
+namespace {
+
+// Only the batch fields: what an engine knows before the layers run.
+PrefillParams batch_fields(int64_t T, int64_t N, int32_t HV, const void* cu) {
+  PrefillParams p;
+  p.batch = cu != nullptr ? 1 : N;
+  p.seqlen = T;
+  p.num_seqs = N;
+  p.num_v_heads = HV;
+  p.cu_seqlens = cu;
+  p.dtype_cu_seqlens = DType::kInt64;
+  return p;
+}
+
+std::string describe(const Status& s) {
+  return std::to_string(static_cast<int>(s.code())) + ": " + s.message();
+}
+
+void expect_status(const Status& s, StatusCode code, const std::string& needle) {
+  EXPECT_EQ(static_cast<int>(s.code()), static_cast<int>(code)) << describe(s);
+  EXPECT_NE(s.message().find(needle), std::string::npos)
+      << "message \"" << s.message() << "\" lacks \"" << needle << "\"";
+}
+
+// --- workspace size -----------------------------------------------------------------------
+
+TEST(PlanWorkspaceSize, FromBatchFieldsAloneAndMonotone) {
+  std::vector<int64_t> cu(65, 0);
+  const size_t base = prefill_workspace_size(batch_fields(8192, 64, 32, cu.data()));
+  if (!built_with_cuda()) {
+    EXPECT_EQ(base, 0u) << "without CUDA no workspace is needed";
+    return;
+  }
+  EXPECT_GT(base, 0u);
+  // an engine sizes one buffer for its largest batch: no smaller batch may need more
+  EXPECT_GE(base, prefill_workspace_size(batch_fields(4096, 64, 32, cu.data())));
+  EXPECT_GE(base, prefill_workspace_size(batch_fields(8192, 16, 32, cu.data())));
+  EXPECT_GE(base, prefill_workspace_size(batch_fields(8192, 64, 8, cu.data())));
+  EXPECT_LT(base, prefill_workspace_size(batch_fields(8193, 64, 32, cu.data())));
+  // fixed batch of 2 x 100 tokens: 2 chunks per row per value head
+  EXPECT_GT(prefill_workspace_size(batch_fields(100, 2, 4, nullptr)), 0u);
+}
+
+TEST(PlanWorkspaceSize, InvalidBatchFieldsSizeNothing) {
+  std::vector<int64_t> cu(3, 0);
+  PrefillParams p = batch_fields(10, 2, 4, cu.data());
+  p.batch = 2;  // cu_seqlens needs B = 1
+  EXPECT_EQ(prefill_workspace_size(p), 0u);
+  p = batch_fields(10, 2, 0, cu.data());  // HV = 0
+  EXPECT_EQ(prefill_workspace_size(p), 0u);
+  p = batch_fields(-1, 2, 4, cu.data());
+  EXPECT_EQ(prefill_workspace_size(p), 0u);
+}
+
+// --- prefill_plan validation --------------------------------------------------------------
+
+struct PlanCase {
+  std::string name;
+  std::function<void(PrefillParams&, std::vector<unsigned char>&)> mutate;
+  StatusCode code;
+  std::string needle;
+};
+
+void PrintTo(const PlanCase& c, std::ostream* os) { *os << c.name; }
+
+class PrefillPlanValidation : public ::testing::TestWithParam<PlanCase> {};
+
+TEST_P(PrefillPlanValidation, NamesTheArgument) {
+  const PlanCase& c = GetParam();
+  std::vector<int64_t> cu = {0, 4, 10};
+  std::vector<unsigned char> memory(1 << 16);
+  PrefillParams p = batch_fields(10, 2, 2, cu.data());
+  p.workspace = memory.data();
+  p.workspace_bytes = memory.size();
+  c.mutate(p, memory);
+  expect_status(prefill_plan(p, nullptr), c.code, c.needle);
+}
+
+const std::vector<PlanCase>& plan_cases() {
+  static const std::vector<PlanCase> cases = {
+      {"batch_not_1_with_cu_seqlens", [](PrefillParams& p, auto&) { p.batch = 2; },
+       StatusCode::kInvalidArgument, "cu_seqlens: expected batch size 1"},
+      {"num_seqs_not_batch_when_fixed",
+       [](PrefillParams& p, auto&) { p.cu_seqlens = nullptr, p.batch = 3; },
+       StatusCode::kInvalidArgument, "num_seqs: expected N = batch size (3)"},
+      {"negative_seqlen", [](PrefillParams& p, auto&) { p.seqlen = -1; },
+       StatusCode::kInvalidArgument, "seqlen: expected a token count T >= 0"},
+      {"no_value_heads", [](PrefillParams& p, auto&) { p.num_v_heads = 0; },
+       StatusCode::kInvalidArgument, "v: expected a number of value heads HV > 0, got 0"},
+      {"cu_seqlens_float", [](PrefillParams& p, auto&) { p.dtype_cu_seqlens = DType::kFloat32; },
+       StatusCode::kInvalidType, "cu_seqlens: expected dtype int32 or int64, got float32"},
+      {"cu_seqlens_misaligned",
+       [](PrefillParams& p, auto&) { p.cu_seqlens = static_cast<const char*>(p.cu_seqlens) + 4; },
+       StatusCode::kInvalidArgument, "cu_seqlens: expected a pointer aligned to 8 bytes"},
+  };
+  return cases;
+}
+
+INSTANTIATE_TEST_SUITE_P(Cases, PrefillPlanValidation, ::testing::ValuesIn(plan_cases()),
+                         [](const auto& info) { return info.param.name; });
+
+TEST(PrefillPlan, WorkspaceMissingOrTooSmall) {
+  std::vector<int64_t> cu = {0, 4, 10};
+  std::vector<unsigned char> memory(1 << 16);
+  PrefillParams p = batch_fields(10, 2, 2, cu.data());
+  if (!built_with_cuda()) {
+    p.workspace = memory.data(), p.workspace_bytes = memory.size();
+    expect_status(prefill_plan(p, nullptr), StatusCode::kUnsupported, "built without CUDA");
+    return;
+  }
+  expect_status(prefill_plan(p, nullptr), StatusCode::kInvalidArgument,
+                "workspace: required (" + std::to_string(prefill_workspace_size(p)) + " bytes");
+  p.workspace = memory.data();
+  p.workspace_bytes = prefill_workspace_size(p) - 1;
+  expect_status(prefill_plan(p, nullptr), StatusCode::kInvalidArgument,
+                "workspace: expected at least " + std::to_string(prefill_workspace_size(p)));
+}
+
+TEST(PrefillPlan, NoSequencesIsANoOp) {
+  if (!built_with_cuda()) GTEST_SKIP() << "without CUDA prefill_plan is kUnsupported";
+  std::vector<int64_t> cu = {0};
+  const PrefillParams p = batch_fields(0, 0, 2, cu.data());  // no workspace: nothing to write
+  const Status s = prefill_plan(p, nullptr);
+  EXPECT_TRUE(s.ok()) << describe(s);
+}
+
+// prefill with plan_ready checks the workspace before anything runs.
+TEST(PrefillPlan, PrefillWithPlanReadyChecksTheWorkspace) {
+  if (!built_with_cuda()) GTEST_SKIP() << "without CUDA prefill is kUnsupported";
+  constexpr int64_t T = 10;
+  constexpr int32_t H = 1, K = 128;
+  std::vector<uint16_t> act(T * H * K * 5), out(T * H * K);
+  std::vector<int64_t> cu = {0, 4, 10};
+  std::vector<unsigned char> workspace(64);
+  PrefillParams p = batch_fields(T, 2, H, cu.data());
+  p.num_qk_heads = H, p.head_dim_k = p.head_dim_v = K;
+  p.q = act.data(), p.k = act.data() + T * K, p.v = act.data() + 2 * T * K;
+  p.g = act.data() + 3 * T * K, p.beta = act.data() + 4 * T * K, p.o = out.data();
+  p.stride_q_t = p.stride_k_t = p.stride_v_t = p.stride_g_t = p.stride_o_t = H * K;
+  p.stride_q_h = p.stride_k_h = p.stride_v_h = p.stride_g_h = p.stride_o_h = K;
+  p.stride_beta_t = H, p.stride_beta_h = 1;
+  p.scale = 0.088f;
+  p.plan_ready = true;
+  expect_status(prefill(p, nullptr), StatusCode::kInvalidArgument,
+                "plan_ready: needs the workspace");
+  p.workspace = workspace.data(), p.workspace_bytes = workspace.size();
+  expect_status(prefill(p, nullptr), StatusCode::kInvalidArgument, "workspace: expected at least");
+}
+
+// --- the host mirror of the plan kernel ---------------------------------------------------
+
+detail::PrefillPlanRegion plan_of(int64_t T, const std::vector<int64_t>& cu, int64_t max_chunks) {
+  const PrefillParams p = batch_fields(T, int64_t(cu.size()) - 1, 1, cu.data());
+  return detail::expected_prefill_plan(p, cu, 64, max_chunks);
+}
+
+TEST(PlanMirror, PackedWithEmptySequences) {
+  // lengths 130, 0, 70 of T = 200: 3 + 0 + 2 chunks; max_chunks = ceil(200 / 64) + N = 7
+  const auto r = plan_of(200, {0, 130, 130, 200}, 7);
+  EXPECT_EQ(r.seq_start, (std::vector<int64_t>{0, 130, 130}));
+  EXPECT_EQ(r.seq_len, (std::vector<int32_t>{130, 0, 70}));
+  EXPECT_EQ(r.chunk_offsets, (std::vector<int32_t>{0, 3, 3, 5}));
+  EXPECT_EQ(r.chunk_seq, (std::vector<int32_t>{0, 0, 0, 2, 2, -1, -1}));
+}
+
+TEST(PlanMirror, BadOffsetsAreClampedAndMadeNonDecreasing) {
+  // raw {-5, 3, 3, 70, 5} with T = 10 -> clamped {0, 3, 3, 10, 5} -> running max {0, 3, 3, 10, 10}
+  const auto r = plan_of(10, {-5, 3, 3, 70, 5}, 5);
+  EXPECT_EQ(r.seq_start, (std::vector<int64_t>{0, 3, 3, 10}));
+  EXPECT_EQ(r.seq_len, (std::vector<int32_t>{3, 0, 7, 0}));
+  EXPECT_EQ(r.chunk_offsets, (std::vector<int32_t>{0, 1, 1, 2, 2}));
+  EXPECT_EQ(r.chunk_seq, (std::vector<int32_t>{0, 2, -1, -1, -1}));
+}
+
+TEST(PlanMirror, FixedBatch) {
+  const PrefillParams p = batch_fields(130, 2, 1, nullptr);
+  const auto r = detail::expected_prefill_plan(p, {}, 64, 6);
+  EXPECT_EQ(r.seq_start, (std::vector<int64_t>{0, 0}));
+  EXPECT_EQ(r.seq_len, (std::vector<int32_t>{130, 130}));
+  EXPECT_EQ(r.chunk_offsets, (std::vector<int32_t>{0, 3, 6}));
+  EXPECT_EQ(r.chunk_seq, (std::vector<int32_t>{0, 0, 0, 1, 1, 1}));
+}
+
+TEST(PlanMirror, MismatchNamesTheFirstDifferentEntry) {
+  const std::vector<int64_t> cu = {0, 130, 130, 200};
+  const PrefillParams p = batch_fields(200, 3, 1, cu.data());
+  detail::PrefillPlanRegion got = detail::expected_prefill_plan(p, cu, 64, 7);
+  EXPECT_TRUE(detail::check_prefill_plan(p, cu, 64, got).ok());
+  // the plan of other offsets with the same N: {0, 100, 130, 200}
+  got = detail::expected_prefill_plan(p, {0, 100, 130, 200}, 64, 7);
+  expect_status(detail::check_prefill_plan(p, cu, 64, got), StatusCode::kInvalidArgument,
+                "plan_ready: the plan in workspace does not belong to this batch: seq_start[1] = "
+                "100, expected 130");
+  got = detail::expected_prefill_plan(p, cu, 64, 7);
+  got.chunk_seq[5] = 1;
+  expect_status(detail::check_prefill_plan(p, cu, 64, got), StatusCode::kInvalidArgument,
+                "chunk_seq[5] = 1, expected -1");
+}
+
+}  // namespace
+}  // namespace kdakit
