@@ -478,6 +478,15 @@ std::vector<std::string> decode_variant_names() {
 
 Status run_recurrent_prefill(const PrefillParams& p, cudaStream_t stream) {
   if (Status s = check_shape(p.head_dim_k, p.head_dim_v, p.dtype_state); !s.ok()) return s;
+  // NOTE: chunk states go densely, in the state dtype, from this kernel; pool rows, another row
+  // stride or dtype are the chunked kernels' (the dispatcher then takes those).
+  if (p.chunk_states != nullptr &&
+      (p.chunk_state_indices != nullptr || chunk_states_dtype(p) != p.dtype_state ||
+       (p.num_chunk_states > 1 && p.stride_chunk_states_n != 0 &&
+        p.stride_chunk_states_n != int64_t{p.num_v_heads} * p.head_dim_k * p.head_dim_v)))
+    return Status(StatusCode::kUnsupported,
+                  "token-serial prefill: chunk states only dense and in the state dtype (chunk_state_indices, "
+                  "stride_chunk_states_n, dtype_chunk_states)");
   const int64_t block = int64_t(p.head_dim_k) * p.head_dim_v;
   const int64_t num_initial = p.initial_state_indices != nullptr ? p.num_state_slots : p.num_seqs;
   const int64_t num_final = p.final_state_indices != nullptr ? p.num_state_slots : p.num_seqs;

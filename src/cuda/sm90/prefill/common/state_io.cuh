@@ -114,4 +114,27 @@ __device__ __forceinline__ void* state_at(void* base, int64_t elements, bool bf1
   return static_cast<uint8_t*>(base) + elements * (bf16 ? 2 : 4);
 }
 
+// The layout flags of a chunk-state store, which may differ from the state's dtype.
+struct StateView {
+  bool k_first;
+  bool state_bf16;
+  bool state_pairs;
+};
+
+// Element offset of chunk-state entry `entry` of value head h in chunk_states, or -1 to skip it:
+// row = entry (dense) or chunk_state_indices[entry] (pool rows; out of range: skipped), rows
+// stride_chunk_states_n apart (0: dense, HV * K * V).
+template <class P>
+__device__ __forceinline__ int64_t chunk_state_offset(const P& p, int64_t entry, int h) {
+  if (entry >= p.num_chunk_states) return -1;
+  int64_t row = entry;
+  if (p.chunk_state_indices != nullptr) {
+    row = p.chunk_state_indices[entry];
+    if (row < 0 || row >= p.num_chunk_state_slots) return -1;
+  }
+  const int64_t head = int64_t(kHeadDim) * kHeadDim;
+  const int64_t stride = p.stride_chunk_states_n != 0 ? p.stride_chunk_states_n : int64_t(p.num_v_heads) * head;
+  return row * stride + int64_t(h) * head;
+}
+
 }  // namespace kdakit::sm90::prefill::common

@@ -92,9 +92,14 @@ struct KernelParams {
   const int32_t* final_state_indices;    // [N], nullable
   int64_t stride_final_state_n;
   int64_t num_state_slots;
-  void* chunk_states;  // [num_chunk_states, HV, state], nullable
-  int64_t num_chunk_states;
+  void* chunk_states;  // [rows, HV, state], nullable
+  int64_t num_chunk_states;               // entries
+  const int32_t* chunk_state_indices;     // [num_chunk_states] destination rows, nullable (dense)
+  int64_t num_chunk_state_slots;          // rows when indexed
+  int64_t stride_chunk_states_n;          // between rows (elements); 0 = HV * K * V
   int32_t chunk_state_interval;  // multiple of 64 when chunk_states is set
+  bool chunk_bf16;               // chunk states stored as bf16
+  bool chunk_pairs;              // ... with aligned pair stores
   bool state_bf16;
   bool k_first;
   bool state_pairs;
@@ -812,13 +817,10 @@ __global__ void __launch_bounds__(Config<kConsumers>::kThreads, 1)
       const int s = gc & 1;
       const int valid = min(kChunk, vld(&rec->len) - j * kChunk);
       if (chunks_per_state > 0 && j % chunks_per_state == 0) {
-        const int64_t entry = vld(&rec->cs_base) + j / chunks_per_state;
-        if (entry < p.num_chunk_states)
-          common::store_state(state4,
-                              common::state_at(p.chunk_states,
-                                               (entry * p.num_v_heads + vld(&rec->h)) * kHeadDim * kHeadDim,
-                                               p.state_bf16),
-                              vrow, t, p);
+        const int64_t off = common::chunk_state_offset(p, vld(&rec->cs_base) + j / chunks_per_state, vld(&rec->h));
+        if (off >= 0)
+          common::store_state(state4, common::state_at(p.chunk_states, off, p.chunk_bf16), vrow, t,
+                              common::StateView{p.k_first, p.chunk_bf16, p.chunk_pairs});
       }
 
       // S0^T as bf16 A fragments (key channels 64 half .. 64 half + 63), built while no wgmma of
@@ -1042,11 +1044,18 @@ Status launch_prefill_fused(const PrefillParams& p, const WorkspacePlan& plan, c
                                                                                                  : p.num_seqs;
   kp.chunk_states = p.chunk_states;
   kp.num_chunk_states = p.num_chunk_states;
+  kp.chunk_state_indices = p.chunk_state_indices;
+  kp.num_chunk_state_slots = p.num_chunk_state_slots;
+  kp.stride_chunk_states_n = p.stride_chunk_states_n;
   kp.chunk_state_interval = p.chunk_state_interval;
+  kp.chunk_bf16 = chunk_states_dtype(p) == DType::kBFloat16;
+  kp.chunk_pairs = p.chunk_states == nullptr ||
+                   (reinterpret_cast<uintptr_t>(p.chunk_states) % (kp.chunk_bf16 ? 4 : 8) == 0 &&
+                    p.stride_chunk_states_n % 2 == 0);
   kp.state_bf16 = p.dtype_state == DType::kBFloat16;
   kp.k_first = p.state_layout == StateLayout::kKFirst;
   kp.state_pairs = pairs_ok(p.initial_state, p.stride_initial_state_n) &&
-                   pairs_ok(p.final_state, p.stride_final_state_n) && pairs_ok(p.chunk_states, 0);
+                   pairs_ok(p.final_state, p.stride_final_state_n);
   kp.scale = p.scale;
   kp.lower_bound = p.lower_bound;
   kp.use_qk_l2norm = p.use_qk_l2norm;
