@@ -1,5 +1,5 @@
-// End to end on the GPU: kdakit::prefill (plan -> prep -> recurrence) against the float64
-// token-by-token reference kdakit::cpu::prefill_reference, over the shared case groups
+// End to end on the GPU: kdakit::prefill (the dispatcher's path; KDAKIT_PREFILL_PATH forces one)
+// against the float64 token-by-token reference kdakit::cpu::prefill_reference, over the shared case groups
 // (tests/cpp/common/cases.h) raised to K = V = 128, plus longer and GVA cases. Cases the
 // chunked kernels do not build (K != 128, fp16/fp32 q/k/v, fp16 g or beta, rows that are not
 // 16-byte aligned) must return kUnsupported. Bars (CONTRACT.md section 6): output 4e-3, fp32 final state 2e-3;
@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "common/cases.h"
+#include "common/device_tensors.h"
 #include "common/host_tensor.h"
 #include "common/prefill_checks.h"
 #include "kdakit/kdakit.h"
@@ -18,52 +19,11 @@
 namespace kdakit::testing {
 namespace {
 
-bool have_sm90() {
-  int count = 0;
-  if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) return false;
-  cudaDeviceProp prop{};
-  return cudaGetDeviceProperties(&prop, 0) == cudaSuccess && prop.major == 9;
-}
-
 // What the chunked kernels are built for (prep's and the dispatcher's checks).
 bool chunked_supported(const PrefillCase& c) {
   auto gate_dtype = [](DType d) { return d == DType::kBFloat16 || d == DType::kFloat32; };
   return c.K == 128 && c.V == 128 && c.dtype_qkv == DType::kBFloat16 && gate_dtype(c.dtype_g) &&
          gate_dtype(c.dtype_beta) && c.pad % 8 == 0;
-}
-
-// Device copies of every defined tensor of a PrefillTensors; copies results back.
-struct DeviceCopies {
-  std::vector<std::pair<HostTensor*, void*>> buffers;
-  ~DeviceCopies() {
-    for (auto& b : buffers) cudaFree(b.second);
-  }
-  void* map(HostTensor& x) {
-    void* d = nullptr;
-    EXPECT_EQ(cudaMalloc(&d, x.nbytes()), cudaSuccess);
-    EXPECT_EQ(cudaMemcpy(d, x.data(), x.nbytes(), cudaMemcpyHostToDevice), cudaSuccess);
-    buffers.emplace_back(&x, d);
-    return d;
-  }
-  void copy_back() {
-    for (auto& b : buffers) EXPECT_EQ(cudaMemcpy(b.first->data(), b.second, b.first->nbytes(), cudaMemcpyDeviceToHost), cudaSuccess);
-  }
-};
-
-// Runs case c through kdakit::prefill on tensors t (results copied back into t).
-Status run_gpu(const PrefillCase& c, PrefillTensors& t) {
-  DeviceCopies dev;
-  const PrefillPointers ptr = map_pointers(t, [&](HostTensor& x) { return dev.map(x); });
-  PrefillParams p = fill_prefill_params(c, t, ptr);
-  p.workspace_bytes = prefill_workspace_size(p);
-  void* ws = nullptr;
-  if (p.workspace_bytes > 0) EXPECT_EQ(cudaMalloc(&ws, p.workspace_bytes), cudaSuccess);
-  p.workspace = ws;
-  const Status st = prefill(p, nullptr);
-  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-  if (ws) cudaFree(ws);
-  if (st.ok()) dev.copy_back();
-  return st;
 }
 
 std::vector<PrefillCase> gpu_cases() {
@@ -105,7 +65,7 @@ TEST_P(PrefillGpu, MatchesFloat64Reference) {
   PrefillTensors ref = gpu;
   PrefillTensors again = gpu;
 
-  const Status st = run_gpu(c, gpu);
+  const Status st = run_prefill_on_gpu(c, gpu);
   if (!chunked_supported(c)) {
     EXPECT_EQ(st.code(), StatusCode::kUnsupported) << st.message();
     EXPECT_FALSE(st.message().empty());
@@ -125,7 +85,7 @@ TEST_P(PrefillGpu, MatchesFloat64Reference) {
     EXPECT_TRUE(rel_l2_below("chunk states", gpu.chunk_states, ref.chunk_states, state_bar));
 
   // bitwise identical run to run
-  ASSERT_TRUE(run_gpu(c, again).ok());
+  ASSERT_TRUE(run_prefill_on_gpu(c, again).ok());
   EXPECT_TRUE(bitwise_equal("o (second run)", again.o, gpu.o));
   if (got_final.defined()) EXPECT_TRUE(bitwise_equal("final state (second run)", final_state_of(c, again), got_final));
   if (gpu.chunk_states.defined()) EXPECT_TRUE(bitwise_equal("chunk states (second run)", again.chunk_states, gpu.chunk_states));
