@@ -150,7 +150,7 @@ def test_prefill_in_pieces_equals_one_prefill(state_dtype):
     print(c_b.describe(bar), c_o.describe(OUTPUT_BAR), c_f.describe(bar), sep="\n")
 
 
-def test_chunk_states_into_pool_rows_or_not_implemented():
+def test_chunk_states_into_pool_rows():
     import torch
 
     seqlens = (200, 64, 130)
@@ -160,15 +160,10 @@ def test_chunk_states_into_pool_rows_or_not_implemented():
     before, pool_cpu = pool.clone(), pool.cpu()
     kw = dict(initial_state_indices=read, final_state_indices=write, chunk_state_interval=64,
               chunk_state_indices=idx)
-    try:
-        got = kdakit.prefill(*_args(x), **_kw(case, x), initial_state=pool, final_state=pool,
-                             chunk_states=pool,
-                             **{k: torch.from_numpy(v).cuda() if isinstance(v, np.ndarray) else v
-                                for k, v in kw.items()})
-    except NotImplementedError as err:
-        assert "chunk_state_indices" in str(err)
-        assert torch.equal(pool, before), "a refused call changed the pool"
-        pytest.skip(f"not built into the kernels yet: {err}")
+    got = kdakit.prefill(*_args(x), **_kw(case, x), initial_state=pool, final_state=pool,
+                         chunk_states=pool,
+                         **{k: torch.from_numpy(v).cuda() if isinstance(v, np.ndarray) else v
+                            for k, v in kw.items()})
     ref = kdakit.prefill(*_args(x, True), **_kw(case, x, True), initial_state=pool_cpu,
                          final_state=pool_cpu, chunk_states=pool_cpu, backend="reference",
                          **{k: torch.from_numpy(v) if isinstance(v, np.ndarray) else v
@@ -178,17 +173,13 @@ def test_chunk_states_into_pool_rows_or_not_implemented():
     assert torch.equal(pool[[0, 1, 2, 6]], before[[0, 1, 2, 6]])
 
 
-def test_chunk_states_in_their_own_dtype_or_not_implemented():
+def test_chunk_states_in_their_own_dtype():
     import torch
 
     case, x, _ = _setup((300, 65), 1)
     kw = dict(initial_state=x["initial_state"], output_final_state=True, chunk_state_interval=64,
               cu_seqlens_cpu=x["cu_seqlens"].cpu(), chunk_state_dtype="bfloat16")
-    try:
-        got = kdakit.prefill(*_args(x), **_kw(case, x), **kw)
-    except NotImplementedError as err:
-        assert "chunk_states" in str(err)
-        pytest.skip(f"not built into the kernels yet: {err}")
+    got = kdakit.prefill(*_args(x), **_kw(case, x), **kw)
     ref = kdakit.prefill(*_args(x, True), **_kw(case, x, True),
                          **{k: _cpu(v) for k, v in kw.items()}, backend="reference")
     assert got.chunk_states.dtype == torch.bfloat16

@@ -60,7 +60,9 @@ inline Status run_prefill_on_gpu(const PrefillCase& c, PrefillTensors& t) {
   PrefillParams p = fill_prefill_params(c, t, ptr);
   p.workspace_bytes = prefill_workspace_size(p);
   void* ws = nullptr;
-  if (p.workspace_bytes > 0) EXPECT_EQ(cudaMalloc(&ws, p.workspace_bytes), cudaSuccess);
+  if (p.workspace_bytes > 0) {
+    EXPECT_EQ(cudaMalloc(&ws, p.workspace_bytes), cudaSuccess);
+  }
   p.workspace = ws;
   const Status st = prefill(p, nullptr);
   EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);

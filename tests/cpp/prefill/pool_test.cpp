@@ -5,9 +5,9 @@
 // offset, prefill the rest from it" against one prefill. Slots and rows the call does not own
 // must stay bit-identical; unwritten outputs stay poisoned (NaN positions must match).
 //
-// Features the sm_90a kernels do not read yet (src/api/prefill.cpp, check_kernel_features)
-// must answer kUnsupported naming the argument; such a case is reported as skipped until the
-// kernels take it, and is then checked like the others. Skipped without an sm_90 GPU.
+// Every case must run: the chunked kernels take chunk states into pool rows, at any row
+// stride and in their own dtype (a kUnsupported answer is a failure). Skipped without an
+// sm_90 GPU.
 //
 // Bars (CONTRACT.md section 6): output 4e-3, fp32 state 2e-3, bf16 state storage 8e-3.
 #include <gtest/gtest.h>
@@ -29,15 +29,6 @@ namespace {
 constexpr double kOutputBar = 4e-3;
 
 double state_bar(DType dtype) { return dtype == DType::kBFloat16 ? 8e-3 : 2e-3; }
-
-// The argument a kUnsupported answer must name when case c uses a feature the kernels may
-// not build yet; null when c uses none (then kUnsupported is a failure).
-const char* unbuilt_feature(const PrefillCase& c) {
-  if (c.chunk_state_interval == 0) return nullptr;
-  if (c.chunk_pool) return "chunk_state_indices";
-  if (c.dtype_chunk_states && *c.dtype_chunk_states != c.dtype_state) return "chunk_states";
-  return nullptr;
-}
 
 // The shared pool cases raised to the shape the chunked kernels build (K = V = 128, padding
 // that keeps rows 16-byte aligned), plus longer ones and a batch of short sequences (the
@@ -90,12 +81,6 @@ TEST_P(PrefillPoolGpu, MatchesFloat64Reference) {
   const PrefillTensors inputs = make_prefill_tensors(c, rng);
   PrefillTensors gpu = inputs;
   const Status st = run_prefill_on_gpu(c, gpu);
-  if (st.code() == StatusCode::kUnsupported) {
-    const char* feature = unbuilt_feature(c);
-    ASSERT_NE(feature, nullptr) << "kUnsupported for a case the kernels build: " << st.message();
-    EXPECT_NE(st.message().find(feature), std::string::npos) << st.message();
-    GTEST_SKIP() << "not built into the kernels yet: " << st.message();
-  }
   ASSERT_TRUE(st.ok()) << st.message();
   PrefillTensors ref = inputs;
   ASSERT_TRUE(run_prefill_on_host(cpu::prefill_reference, c, ref).ok());
@@ -110,8 +95,9 @@ TEST_P(PrefillPoolGpu, MatchesFloat64Reference) {
     const DType chunk_dtype = c.dtype_chunk_states.value_or(c.dtype_state);
     EXPECT_TRUE(
         rel_l2_below("chunk states", gpu.chunk_states, ref.chunk_states, state_bar(chunk_dtype)));
-    if (c.chunk_pool)
+    if (c.chunk_pool) {
       EXPECT_TRUE(untouched_slots_equal(inputs.chunk_states, gpu.chunk_states, ref.chunk_states));
+    }
   }
 
   PrefillTensors again = inputs;
@@ -150,10 +136,6 @@ TEST_P(PrefillPiecesGpu, EqualsOnePrefill) {
   PrefillTensors ref = p.whole_t;
 
   const Status st = run_prefill_on_gpu(p.whole, p.whole_t);
-  if (st.code() == StatusCode::kUnsupported && into_pool_rows) {
-    EXPECT_NE(st.message().find("chunk_state_indices"), std::string::npos) << st.message();
-    GTEST_SKIP() << "not built into the kernels yet: " << st.message();
-  }
   ASSERT_TRUE(st.ok()) << st.message();
   ASSERT_TRUE(run_prefill_on_gpu(p.head, p.head_t).ok());
   take_boundary_states(p);
