@@ -151,9 +151,9 @@ __device__ __forceinline__ void fence_operands(float (&x)[N]) {
 //   K-major (rows of 64 K-elements, 128 bytes): sbo = 1024 (8 rows), lbo unused (1).
 //   MN-major (rows of 64 MN-elements along K):  sbo = 1024 (8 K-rows), lbo = stride between
 //   64-element MN blocks.
-// NOTE: assembled by a volatile mov at the point of use, so that the compiler rebuilds each
-// descriptor from its 32-bit address instead of keeping dozens of 64-bit descriptors live
-// across the chunk loop (they pushed the consumer warpgroups past their register budget).
+// NOTE: assembled by a volatile mov at the point of use, so that each descriptor is rebuilt
+// from its 32-bit address where the wgmma needs it (added while hunting the consumers' register
+// spills; the register count did not change with it, the spills came from elsewhere).
 __device__ __forceinline__ uint64_t smem_desc(uint32_t addr, uint32_t lbo_bytes, uint32_t sbo_bytes) {
   const uint32_t lo = ((addr >> 4) & 0x3FFFu) | (((lbo_bytes >> 4) & 0x3FFFu) << 16);
   const uint32_t hi = ((sbo_bytes >> 4) & 0x3FFFu) | (1u << 30);

@@ -10,7 +10,7 @@
 
 namespace kdakit::sm90::prefill::fused {
 
-inline constexpr int kSubBlock = 16;                   // rows of an mma tile, and of a gate sub-block
+inline constexpr int kSubBlock = 16;  // rows of an mma tile, and of a gate sub-block
 inline constexpr int kSubBlocks = kChunk / kSubBlock;  // 4
 inline constexpr int kWarpGroup = 128;
 
@@ -40,7 +40,8 @@ struct Config {
   // one consumer (256 threads) every thread may use 255.
   static constexpr uint32_t kProducerRegs = 152;
   static constexpr uint32_t kConsumerRegs = 176;
-  static_assert(kConsumers == 1 || kProducerRegs + kConsumers * kConsumerRegs <= (1 + kConsumers) * 168,
+  static_assert(kConsumers == 1 ||
+                    kProducerRegs + kConsumers * kConsumerRegs <= (1 + kConsumers) * 168,
                 "setmaxnreg must stay within the registers the CTA is launched with");
 };
 
@@ -68,7 +69,7 @@ struct SharedMemoryPlan {
   static constexpr size_t kB2Offset = kGRawOffset + kTile;  // fp32 [64][128]; later L / T fp32
   static constexpr size_t kB2Bytes = size_t(kChunk) * kHeadDim * 4;
   static constexpr size_t kLfOffset = kB2Offset;
-  static constexpr size_t kQtOffset = kB2Offset + kB2Bytes;  // [2 stages]
+  static constexpr size_t kQtOffset = kB2Offset + kB2Bytes;   // [2 stages]
   static constexpr size_t kKhOffset = kQtOffset + 2 * kTile;  // [2 stages]
   static constexpr size_t kWOffset = kKhOffset + 2 * kTile;
   static constexpr size_t kMOffset = kWOffset + kTile;        // bf16 [64][64]
@@ -77,10 +78,10 @@ struct SharedMemoryPlan {
   static constexpr size_t kVOffset = kTbLoOffset + kHalf;     // [2 halves] bf16 [64][64]
   static constexpr size_t kSwizzledEnd = kVOffset + kTile;
   // Small arrays (16-byte aligned, no swizzle).
-  static constexpr size_t kDecayOffset = kSwizzledEnd;                   // fp32 [2 stages][128]
+  static constexpr size_t kDecayOffset = kSwizzledEnd;                    // fp32 [2 stages][128]
   static constexpr size_t kBetaOffset = kDecayOffset + 2 * kHeadDim * 4;  // fp32 [64]
-  static constexpr size_t kRqOffset = kBetaOffset + kChunk * 4;          // fp32 [64] scale / ||q_r||
-  static constexpr size_t kRkOffset = kRqOffset + kChunk * 4;            // fp32 [64] 1 / ||k_r||
+  static constexpr size_t kRqOffset = kBetaOffset + kChunk * 4;  // fp32 [64] scale / ||q_r||
+  static constexpr size_t kRkOffset = kRqOffset + kChunk * 4;    // fp32 [64] 1 / ||k_r||
   // Per-channel vectors fp32 [kSubBlocks][128] (R = sub-block of the row, c_R = b at its last
   // row, c_{-1} = 0, m_R its exponent reference): CPREV = c_{R-1}, MY = m_R (for the
   // column factors), MX = m_R or +inf for wide-span channels (diagonal-tile row factor),
@@ -94,7 +95,8 @@ struct SharedMemoryPlan {
   static constexpr size_t kHFacOffset = kPFacOffset + kVecBytes;
   static constexpr size_t kGFacOffset = kHFacOffset + kVecBytes;
   static constexpr size_t kWideOffset = kGFacOffset + 6 * kHeadDim * 4;  // uint32 [4 sub-blocks][4]
-  static constexpr size_t kItemOffset = kWideOffset + kSubBlocks * 4 * 4;  // item records: consumers, producer
+  static constexpr size_t kItemOffset =
+      kWideOffset + kSubBlocks * 4 * 4;  // item records: consumers, producer
   static constexpr size_t kItemBytes = 3 * 48;
   static constexpr size_t kBarrierOffset = kItemOffset + kItemBytes;
   static constexpr int kNumBarriers = 13;
@@ -102,22 +104,26 @@ struct SharedMemoryPlan {
   // Dynamic shared memory is only 16-byte aligned: the kernel rounds its base up to 1024.
   static constexpr size_t kAllocBytes = kBytes + 1024;
 };
-static_assert(SharedMemoryPlan::kAllocBytes <= 227 * 1024, "fused prefill: shared memory plan exceeds 227 KiB");
-static_assert(SharedMemoryPlan::kSwizzledEnd % 1024 == 0 && SharedMemoryPlan::kMOffset % 1024 == 0 &&
-                  SharedMemoryPlan::kTbHiOffset % 1024 == 0 && SharedMemoryPlan::kVOffset % 1024 == 0,
+static_assert(SharedMemoryPlan::kAllocBytes <= 227 * 1024,
+              "fused prefill: shared memory plan exceeds 227 KiB");
+static_assert(SharedMemoryPlan::kSwizzledEnd % 1024 == 0 &&
+                  SharedMemoryPlan::kMOffset % 1024 == 0 &&
+                  SharedMemoryPlan::kTbHiOffset % 1024 == 0 &&
+                  SharedMemoryPlan::kVOffset % 1024 == 0,
               "swizzled tiles must be 1024-byte aligned");
-static_assert(size_t(kChunk) * 68 * 4 <= SharedMemoryPlan::kB2Bytes, "L (fp32, pitch 68) must fit over b");
+static_assert(size_t(kChunk) * 68 * 4 <= SharedMemoryPlan::kB2Bytes,
+              "L (fp32, pitch 68) must fit over b");
 
 // Barrier indices (each an mbarrier in shared memory; FULL: the producer's writes landed,
 // EMPTY: every consumer warp has read the buffer).
 enum Barrier : int {
-  kRawFull = 0,     // q, k (and g) raw of chunk j, by TMA (producer thread 0 arms it)
-  kVFull = 1,       // [2] V half of consumer warpgroup c, by TMA (its thread 0 arms it)
-  kQtKhFull = 3,    // [2 stages] Qt, Kh, decay
-  kQtKhEmpty = 5,   // [2 stages]
+  kRawFull = 0,    // q, k (and g) raw of chunk j, by TMA (producer thread 0 arms it)
+  kVFull = 1,      // [2] V half of consumer warpgroup c, by TMA (its thread 0 arms it)
+  kQtKhFull = 3,   // [2 stages] Qt, Kh, decay
+  kQtKhEmpty = 5,  // [2 stages]
   kMFull = 7,
   kMEmpty = 8,
-  kWFull = 9,       // W and T diag(beta)
+  kWFull = 9,  // W and T diag(beta)
   kWEmpty = 10,
   kTbFull = 11,
   kTbEmpty = 12,

@@ -88,18 +88,18 @@ struct KernelParams {
   const void* initial_state;             // [slots, HV, state], nullable
   const int32_t* initial_state_indices;  // [N], nullable
   int64_t stride_initial_state_n;
-  void* final_state;                     // [slots, HV, state], nullable
-  const int32_t* final_state_indices;    // [N], nullable
+  void* final_state;                   // [slots, HV, state], nullable
+  const int32_t* final_state_indices;  // [N], nullable
   int64_t stride_final_state_n;
   int64_t num_state_slots;
-  void* chunk_states;  // [rows, HV, state], nullable
-  int64_t num_chunk_states;               // entries
-  const int32_t* chunk_state_indices;     // [num_chunk_states] destination rows, nullable (dense)
-  int64_t num_chunk_state_slots;          // rows when indexed
-  int64_t stride_chunk_states_n;          // between rows (elements); 0 = HV * K * V
-  int32_t chunk_state_interval;  // multiple of 64 when chunk_states is set
-  bool chunk_bf16;               // chunk states stored as bf16
-  bool chunk_pairs;              // ... with aligned pair stores
+  void* chunk_states;                  // [rows, HV, state], nullable
+  int64_t num_chunk_states;            // entries
+  const int32_t* chunk_state_indices;  // [num_chunk_states] destination rows, nullable (dense)
+  int64_t num_chunk_state_slots;       // rows when indexed
+  int64_t stride_chunk_states_n;       // between rows (elements); 0 = HV * K * V
+  int32_t chunk_state_interval;        // multiple of 64 when chunk_states is set
+  bool chunk_bf16;                     // chunk states stored as bf16
+  bool chunk_pairs;                    // ... with aligned pair stores
   bool state_bf16;
   bool k_first;
   bool state_pairs;
@@ -139,20 +139,22 @@ __device__ __forceinline__ float bf16_hi(uint32_t x) { return __uint_as_float(x 
 template <class Op, size_t... I>
 __device__ __forceinline__ void gmma_ss_impl(uint64_t da, uint64_t db, float* d, bool accumulate,
                                              std::index_sequence<I...>) {
-  Op::fma(da, db, d[I]..., accumulate ? cute::SM90::GMMA::ScaleOut::One : cute::SM90::GMMA::ScaleOut::Zero);
+  Op::fma(da, db, d[I]...,
+          accumulate ? cute::SM90::GMMA::ScaleOut::One : cute::SM90::GMMA::ScaleOut::Zero);
 }
 template <class Op, int N>
 __device__ __forceinline__ void gmma_ss(uint64_t da, uint64_t db, float (&d)[N], bool accumulate) {
   gmma_ss_impl<Op>(da, db, d, accumulate, std::make_index_sequence<N>{});
 }
 template <class Op, size_t... I>
-__device__ __forceinline__ void gmma_rs_impl(const uint32_t (&a)[4], uint64_t db, float* d, bool accumulate,
-                                             std::index_sequence<I...>) {
+__device__ __forceinline__ void gmma_rs_impl(const uint32_t (&a)[4], uint64_t db, float* d,
+                                             bool accumulate, std::index_sequence<I...>) {
   Op::fma(a[0], a[1], a[2], a[3], db, d[I]...,
           accumulate ? cute::SM90::GMMA::ScaleOut::One : cute::SM90::GMMA::ScaleOut::Zero);
 }
 template <class Op, int N>
-__device__ __forceinline__ void gmma_rs(const uint32_t (&a)[4], uint64_t db, float (&d)[N], bool accumulate) {
+__device__ __forceinline__ void gmma_rs(const uint32_t (&a)[4], uint64_t db, float (&d)[N],
+                                        bool accumulate) {
   gmma_rs_impl<Op>(a, db, d, accumulate, std::make_index_sequence<N>{});
 }
 
@@ -170,14 +172,17 @@ using OpW = gmma::MMA_64x128x16_F32BF16BF16_SS<Major::K, Major::MN>;
 
 // Descriptors: K-major operands step 32 bytes per k16 inside a 128-byte row (two 64-column
 // halves 8 KB apart for K = 128); MN-major ones step 16 rows (2 KB) per k16.
-__device__ __forceinline__ uint64_t desc_k128(uint32_t base, int kk) {  // [64][128] tile, K = channels
-  return ptx::smem_desc(base + uint32_t(kk >> 2) * uint32_t(SharedMemoryPlan::kHalf) + uint32_t(kk & 3) * 32u, 16,
-                        1024);
+__device__ __forceinline__ uint64_t desc_k128(uint32_t base,
+                                              int kk) {  // [64][128] tile, K = channels
+  return ptx::smem_desc(
+      base + uint32_t(kk >> 2) * uint32_t(SharedMemoryPlan::kHalf) + uint32_t(kk & 3) * 32u, 16,
+      1024);
 }
 __device__ __forceinline__ uint64_t desc_k64(uint32_t base, int kk) {  // [64][64] tile, K = columns
   return ptx::smem_desc(base + uint32_t(kk) * 32u, 16, 1024);
 }
-__device__ __forceinline__ uint64_t desc_mn(uint32_t base, int kk) {  // K = rows (tokens), MN = columns
+__device__ __forceinline__ uint64_t desc_mn(uint32_t base,
+                                            int kk) {  // K = rows (tokens), MN = columns
   return ptx::smem_desc(base + uint32_t(kk) * 2048u, uint32_t(SharedMemoryPlan::kHalf), 1024);
 }
 
@@ -223,8 +228,8 @@ struct NextChunk {
   Item it;
 };
 template <int kSlices>
-__device__ __forceinline__ NextChunk next_chunk(const KernelParams& p, int num_items, int item, const Item& it,
-                                                int j) {
+__device__ __forceinline__ NextChunk next_chunk(const KernelParams& p, int num_items, int item,
+                                                const Item& it, int j) {
   if (j + 1 < it.chunks) return {true, j + 1, it};
   for (int i = item + int(gridDim.x); i < num_items; i += int(gridDim.x)) {
     const Item nx = item_at<kSlices>(p, i);
@@ -236,7 +241,8 @@ __device__ __forceinline__ NextChunk next_chunk(const KernelParams& p, int num_i
 // ---- the kernel ---------------------------------------------------------------------------------
 template <GateMode kGate, int kConsumers>
 __global__ void __launch_bounds__(Config<kConsumers>::kThreads, 1)
-    kda_prefill_fused_sm90_kernel(const __grid_constant__ KernelParams p, const __grid_constant__ TmaParams tma) {
+    kda_prefill_fused_sm90_kernel(const __grid_constant__ KernelParams p,
+                                  const __grid_constant__ TmaParams tma) {
   using Cfg = Config<kConsumers>;
   using Smem = SharedMemoryPlan;
 
@@ -271,7 +277,8 @@ __global__ void __launch_bounds__(Config<kConsumers>::kThreads, 1)
   // ones are zeroed once here (both wgmma products read the whole tile).
   if (wg == 0) {
     uint4* tb = reinterpret_cast<uint4*>(smem + Smem::kTbHiOffset);
-    for (int i = threadIdx.x; i < int(2 * Smem::kHalf / 16); i += kWarpGroup) tb[i] = make_uint4(0u, 0u, 0u, 0u);
+    for (int i = threadIdx.x; i < int(2 * Smem::kHalf / 16); i += kWarpGroup)
+      tb[i] = make_uint4(0u, 0u, 0u, 0u);
     ptx::fence_proxy_async_shared();
   }
   __syncthreads();
@@ -311,19 +318,21 @@ __global__ void __launch_bounds__(Config<kConsumers>::kThreads, 1)
       const int hk = it.h / p.v_heads_per_qk_head;
       ptx::mbarrier_arrive_expect_tx(&bars[kRawFull], raw_bytes);
       for (int half = 0; half < 2; ++half) {
-        ptx::tma_load_4d(smem + Smem::kQRawOffset + half * Smem::kHalf, &tma.q, &bars[kRawFull], 64 * half, hk, tok,
-                         it.brow);
-        ptx::tma_load_4d(smem + Smem::kKRawOffset + half * Smem::kHalf, &tma.k, &bars[kRawFull], 64 * half, hk, tok,
-                         it.brow);
+        ptx::tma_load_4d(smem + Smem::kQRawOffset + half * Smem::kHalf, &tma.q, &bars[kRawFull],
+                         64 * half, hk, tok, it.brow);
+        ptx::tma_load_4d(smem + Smem::kKRawOffset + half * Smem::kHalf, &tma.k, &bars[kRawFull],
+                         64 * half, hk, tok, it.brow);
         if (p.g_tma)
-          ptx::tma_load_4d(smem + Smem::kGRawOffset + half * Smem::kHalf, &tma.g, &bars[kRawFull], 64 * half, it.h,
-                           tok, it.brow);
+          ptx::tma_load_4d(smem + Smem::kGRawOffset + half * Smem::kHalf, &tma.g, &bars[kRawFull],
+                           64 * half, it.h, tok, it.brow);
       }
     };
-    auto load_beta = [&](const Item& it, int j) -> float {  // raw beta of row ptid of chunk j (threads < 64)
+    auto load_beta = [&](const Item& it,
+                         int j) -> float {  // raw beta of row ptid of chunk j (threads < 64)
       const int r = ptid;
       if (r >= kChunk || j * kChunk + r >= it.len) return 0.f;
-      const int64_t off = int64_t(it.brow) * p.stride_beta_b + (it.start + j * kChunk + r) * p.stride_beta_t +
+      const int64_t off = int64_t(it.brow) * p.stride_beta_b +
+                          (it.start + j * kChunk + r) * p.stride_beta_t +
                           int64_t(it.h) * p.stride_beta_h;
       return p.beta_fp32 ? static_cast<const float*>(p.beta)[off]
                          : __bfloat162float(static_cast<const __nv_bfloat16*>(p.beta)[off]);
@@ -331,8 +340,8 @@ __global__ void __launch_bounds__(Config<kConsumers>::kThreads, 1)
     float beta_next = 0.f;
     {
       // The first chunk of the CTA: chunk 0 of its first item with tokens.
-      const NextChunk first = next_chunk<Cfg::kSlices>(p, num_items, int(blockIdx.x) - int(gridDim.x),
-                                                       Item{0, 0, 0, 0, 0, 0, 0}, 0);
+      const NextChunk first = next_chunk<Cfg::kSlices>(
+          p, num_items, int(blockIdx.x) - int(gridDim.x), Item{0, 0, 0, 0, 0, 0, 0}, 0);
       if (first.ok) {
         if (ptid == 0) {
           ptx::prefetch_tensormap(&tma.q);
@@ -349,394 +358,431 @@ __global__ void __launch_bounds__(Config<kConsumers>::kThreads, 1)
     ItemRecord* prec = reinterpret_cast<ItemRecord*>(smem + Smem::kItemOffset) + 2;
     int gc = 0;  // chunks this CTA has processed: stages and barrier phases
     for (int item = int(blockIdx.x); item < num_items; item += int(gridDim.x)) {
-    int chunks;
-    float gate_a = 1.f, gate_dt = 0.f;  // per-item gate constants (thread = channel in phase A)
-    {
-      const Item it = item_at<Cfg::kSlices>(p, item);
-      chunks = it.chunks;
-      if (chunks == 0) continue;
-      ptx::named_barrier_sync(kProducerBarrier, kWarpGroup);  // every thread is done with the last record
-      if (ptid == 0) {
-        prec->o_off = it.start;
-        prec->len = it.len;
-        prec->h = it.h;
-        prec->n = it.brow;
-      }
-      const int h = it.h;
-      if constexpr (kGate == GateMode::kSoftplus) gate_a = -expf(p.A_log[h]);
-      if constexpr (kGate == GateMode::kLowerBound) gate_a = p.A_log != nullptr ? expf(p.A_log[h]) : 1.f;
-      if (kGate != GateMode::kPrecomputed && p.dt_bias != nullptr)
-        gate_dt = p.scalar_gate ? p.dt_bias[h] : p.dt_bias[h * kHeadDim + ptid];
-      ptx::named_barrier_sync(kProducerBarrier, kWarpGroup);
-    }
-
-    for (int j = 0; j < chunks; ++j, ++gc) {
-      const int s = gc & 1;
-      const int valid = min(kChunk, vld(&prec->len) - j * kChunk);
-
-      // ---- phase A: gate and running sum, thread = key channel --------------------------------
-      // The stage's Qt/Kh/decay of chunk j - 2 must have been read.
-      ptx::mbarrier_wait(&bars[kQtKhEmpty + s], ((gc >> 1) & 1) ^ 1);
-      ptx::mbarrier_wait(&bars[kRawFull], gc & 1);
-      if (ptid < kChunk)
-        beta_s[ptid] = ptid < valid ? kdakit::cuda::beta_activation(beta_next, p.use_beta_sigmoid, p.allow_neg_eigval)
-                                    : 0.f;
-      if (ptid < kChunk) {  // beta of the next chunk lands during the rest of this one
-        const NextChunk nxt = next_chunk<Cfg::kSlices>(p, num_items, item, item_at<Cfg::kSlices>(p, item), j);
-        if (nxt.ok) beta_next = load_beta(nxt.it, nxt.j);
-      }
+      int chunks;
+      float gate_a = 1.f, gate_dt = 0.f;  // per-item gate constants (thread = channel in phase A)
       {
-        const int c = ptid;
-        float cR[kSubBlocks];
-        float b = 0.f;
-        const uint8_t* gsrc = nullptr;
-        if (!p.g_tma)
-          gsrc = static_cast<const uint8_t*>(p.g) +
-                 (int64_t(vld(&prec->n)) * p.stride_g_b + (vld(&prec->o_off) + int64_t(j) * kChunk) * p.stride_g_t +
-                  int64_t(vld(&prec->h)) * p.stride_g_h +
-                  (p.scalar_gate ? 0 : c)) *
-                     (p.g_fp32 ? 4 : 2);
-        const int64_t gstep = p.stride_g_t * (p.g_fp32 ? 4 : 2);
+        const Item it = item_at<Cfg::kSlices>(p, item);
+        chunks = it.chunks;
+        if (chunks == 0) continue;
+        ptx::named_barrier_sync(kProducerBarrier,
+                                kWarpGroup);  // every thread is done with the last record
+        if (ptid == 0) {
+          prec->o_off = it.start;
+          prec->len = it.len;
+          prec->h = it.h;
+          prec->n = it.brow;
+        }
+        const int h = it.h;
+        if constexpr (kGate == GateMode::kSoftplus) gate_a = -expf(p.A_log[h]);
+        if constexpr (kGate == GateMode::kLowerBound)
+          gate_a = p.A_log != nullptr ? expf(p.A_log[h]) : 1.f;
+        if (kGate != GateMode::kPrecomputed && p.dt_bias != nullptr)
+          gate_dt = p.scalar_gate ? p.dt_bias[h] : p.dt_bias[h * kHeadDim + ptid];
+        ptx::named_barrier_sync(kProducerBarrier, kWarpGroup);
+      }
+
+      for (int j = 0; j < chunks; ++j, ++gc) {
+        const int s = gc & 1;
+        const int valid = min(kChunk, vld(&prec->len) - j * kChunk);
+
+        // ---- phase A: gate and running sum, thread = key channel --------------------------------
+        // The stage's Qt/Kh/decay of chunk j - 2 must have been read.
+        ptx::mbarrier_wait(&bars[kQtKhEmpty + s], ((gc >> 1) & 1) ^ 1);
+        ptx::mbarrier_wait(&bars[kRawFull], gc & 1);
+        if (ptid < kChunk)
+          beta_s[ptid] = ptid < valid ? kdakit::cuda::beta_activation(beta_next, p.use_beta_sigmoid,
+                                                                      p.allow_neg_eigval)
+                                      : 0.f;
+        if (ptid < kChunk) {  // beta of the next chunk lands during the rest of this one
+          const NextChunk nxt =
+              next_chunk<Cfg::kSlices>(p, num_items, item, item_at<Cfg::kSlices>(p, item), j);
+          if (nxt.ok) beta_next = load_beta(nxt.it, nxt.j);
+        }
+        {
+          const int c = ptid;
+          float cR[kSubBlocks];
+          float b = 0.f;
+          const uint8_t* gsrc = nullptr;
+          if (!p.g_tma)
+            gsrc = static_cast<const uint8_t*>(p.g) +
+                   (int64_t(vld(&prec->n)) * p.stride_g_b +
+                    (vld(&prec->o_off) + int64_t(j) * kChunk) * p.stride_g_t +
+                    int64_t(vld(&prec->h)) * p.stride_g_h + (p.scalar_gate ? 0 : c)) *
+                       (p.g_fp32 ? 4 : 2);
+          const int64_t gstep = p.stride_g_t * (p.g_fp32 ? 4 : 2);
 #pragma unroll
-        for (int Rb = 0; Rb < kSubBlocks; ++Rb) {
-          // NOTE: partly unrolled: the whole producer chunk is straight-line code, and fully
-          // unrolled loops made it larger than the instruction cache (measured: ~30 us a chunk).
+          for (int Rb = 0; Rb < kSubBlocks; ++Rb) {
+            // NOTE: partly unrolled: the whole producer chunk is straight-line code, and fully
+            // unrolled loops made it larger than the instruction cache (measured: ~30 us a chunk).
 #pragma unroll 4
-          for (int i = 0; i < kSubBlock; ++i) {
-            const int r = kSubBlock * Rb + i;
-            float gv = 0.f;
-            if (p.g_tma) {
-              gv = __bfloat162float(*reinterpret_cast<const __nv_bfloat16*>(
-                  smem + (tile_addr(g_raw, r, c >> 3) - sbase) + uint32_t(c & 7) * 2u));
-            } else if (r < valid) {
-              gv = p.g_fp32 ? *reinterpret_cast<const float*>(gsrc + r * gstep)
-                            : __bfloat162float(*reinterpret_cast<const __nv_bfloat16*>(gsrc + r * gstep));
+            for (int i = 0; i < kSubBlock; ++i) {
+              const int r = kSubBlock * Rb + i;
+              float gv = 0.f;
+              if (p.g_tma) {
+                gv = __bfloat162float(*reinterpret_cast<const __nv_bfloat16*>(
+                    smem + (tile_addr(g_raw, r, c >> 3) - sbase) + uint32_t(c & 7) * 2u));
+              } else if (r < valid) {
+                gv = p.g_fp32 ? *reinterpret_cast<const float*>(gsrc + r * gstep)
+                              : __bfloat162float(
+                                    *reinterpret_cast<const __nv_bfloat16*>(gsrc + r * gstep));
+              }
+              // NOTE: rows past the chunk decay by nothing, so b of row 63 is b of row valid - 1.
+              const float gam =
+                  r < valid ? common::gate_log2<kGate>(gv, gate_a, gate_dt, p.lower_bound) : 0.f;
+              b += gam;
+              *reinterpret_cast<float*>(b2 + b2_off(r, c)) = b;
             }
-            // NOTE: rows past the chunk decay by nothing, so b of row 63 is b of row valid - 1.
-            const float gam = r < valid ? common::gate_log2<kGate>(gv, gate_a, gate_dt, p.lower_bound) : 0.f;
-            b += gam;
-            *reinterpret_cast<float*>(b2 + b2_off(r, c)) = b;
+            cR[Rb] = b;
           }
-          cR[Rb] = b;
-        }
-        // Sub-block references: m_R is the midpoint of [c_R, c_{R-1}] (c_R for wide-span channels).
-        float my[kSubBlocks];
+          // Sub-block references: m_R is the midpoint of [c_R, c_{R-1}] (c_R for wide-span channels).
+          float my[kSubBlocks];
 #pragma unroll
-        for (int Rb = 0; Rb < kSubBlocks; ++Rb) {
-          const float cp = Rb == 0 ? 0.f : cR[Rb - 1];
-          const float span = cp - cR[Rb];
-          const bool is_wide = span > kMaxDiagSpan;
-          my[Rb] = is_wide ? cR[Rb] : cp - 0.5f * span;
-          cprev_v[Rb * kHeadDim + c] = cp;
-          my_v[Rb * kHeadDim + c] = my[Rb];
-          mx_v[Rb * kHeadDim + c] = is_wide ? INFINITY : my[Rb];
-          pfac_v[Rb * kHeadDim + c] = fast_exp2(cp);
-          hfac_v[Rb * kHeadDim + c] = fast_exp2(cR[kSubBlocks - 1] - my[Rb]);
-          const uint32_t bits = __ballot_sync(0xffffffffu, is_wide);
-          if (lane == 0) wide[Rb * 4 + R] = bits;
-        }
+          for (int Rb = 0; Rb < kSubBlocks; ++Rb) {
+            const float cp = Rb == 0 ? 0.f : cR[Rb - 1];
+            const float span = cp - cR[Rb];
+            const bool is_wide = span > kMaxDiagSpan;
+            my[Rb] = is_wide ? cR[Rb] : cp - 0.5f * span;
+            cprev_v[Rb * kHeadDim + c] = cp;
+            my_v[Rb * kHeadDim + c] = my[Rb];
+            mx_v[Rb * kHeadDim + c] = is_wide ? INFINITY : my[Rb];
+            pfac_v[Rb * kHeadDim + c] = fast_exp2(cp);
+            hfac_v[Rb * kHeadDim + c] = fast_exp2(cR[kSubBlocks - 1] - my[Rb]);
+            const uint32_t bits = __ballot_sync(0xffffffffu, is_wide);
+            if (lane == 0) wide[Rb * 4 + R] = bits;
+          }
 #pragma unroll
-        for (int Rb = 1; Rb < kSubBlocks; ++Rb) {
+          for (int Rb = 1; Rb < kSubBlocks; ++Rb) {
 #pragma unroll
-          for (int S = 0; S < Rb; ++S) gfac_v[(Rb * (Rb - 1) / 2 + S) * kHeadDim + c] = fast_exp2(cR[Rb - 1] - my[S]);
+            for (int S = 0; S < Rb; ++S)
+              gfac_v[(Rb * (Rb - 1) / 2 + S) * kHeadDim + c] = fast_exp2(cR[Rb - 1] - my[S]);
+          }
+          float* decay = reinterpret_cast<float*>(smem + Smem::kDecayOffset) + s * kHeadDim;
+          decay[c] = fast_exp2(cR[kSubBlocks - 1]);
         }
-        float* decay = reinterpret_cast<float*>(smem + Smem::kDecayOffset) + s * kHeadDim;
-        decay[c] = fast_exp2(cR[kSubBlocks - 1]);
-      }
-      ptx::named_barrier_sync(kProducerBarrier, kWarpGroup);
+        ptx::named_barrier_sync(kProducerBarrier, kWarpGroup);
 
-      // ---- phase B: row norms; warp R owns rows 16R + g and 16R + g + 8 -------------------------
-      const int r0 = kSubBlock * R + g, r1 = r0 + 8;
-      const bool ok0 = r0 < valid, ok1 = r1 < valid;
-      float rq0, rq1, rk0, rk1;
-      {
-        float sq0 = 0.f, sq1 = 0.f, sk0 = 0.f, sk1 = 0.f;
+        // ---- phase B: row norms; warp R owns rows 16R + g and 16R + g + 8 -------------------------
+        const int r0 = kSubBlock * R + g, r1 = r0 + 8;
+        const bool ok0 = r0 < valid, ok1 = r1 < valid;
+        float rq0, rq1, rk0, rk1;
+        {
+          float sq0 = 0.f, sq1 = 0.f, sk0 = 0.f, sk1 = 0.f;
+#pragma unroll 2
+          for (int kk = 0; kk < kHeadDim / 16; ++kk) {
+            uint32_t qa[4], ka[4];
+            kdakit::cuda::ldmatrix_x4(
+                qa, tile_addr(q_raw, kSubBlock * R + (lane & 15), 2 * kk + (lane >> 4)));
+            kdakit::cuda::ldmatrix_x4(
+                ka, tile_addr(k_raw, kSubBlock * R + (lane & 15), 2 * kk + (lane >> 4)));
+#pragma unroll
+            for (int i = 0; i < 4; i += 2) {
+              sq0 += bf16_lo(qa[i]) * bf16_lo(qa[i]) + bf16_hi(qa[i]) * bf16_hi(qa[i]);
+              sq1 +=
+                  bf16_lo(qa[i + 1]) * bf16_lo(qa[i + 1]) + bf16_hi(qa[i + 1]) * bf16_hi(qa[i + 1]);
+              sk0 += bf16_lo(ka[i]) * bf16_lo(ka[i]) + bf16_hi(ka[i]) * bf16_hi(ka[i]);
+              sk1 +=
+                  bf16_lo(ka[i + 1]) * bf16_lo(ka[i + 1]) + bf16_hi(ka[i + 1]) * bf16_hi(ka[i + 1]);
+            }
+          }
+          sq0 = kdakit::cuda::warp_sum_width<4>(sq0);
+          sq1 = kdakit::cuda::warp_sum_width<4>(sq1);
+          sk0 = kdakit::cuda::warp_sum_width<4>(sk0);
+          sk1 = kdakit::cuda::warp_sum_width<4>(sk1);
+          const bool l2 = p.use_qk_l2norm;
+          rq0 = ok0 ? p.scale * (l2 ? kdakit::cuda::l2norm_scale(sq0) : 1.f) : 0.f;
+          rq1 = ok1 ? p.scale * (l2 ? kdakit::cuda::l2norm_scale(sq1) : 1.f) : 0.f;
+          rk0 = ok0 ? (l2 ? kdakit::cuda::l2norm_scale(sk0) : 1.f) : 0.f;
+          rk1 = ok1 ? (l2 ? kdakit::cuda::l2norm_scale(sk1) : 1.f) : 0.f;
+          if (t == 0) {
+            rq_s[r0] = rq0;
+            rq_s[r1] = rq1;
+            rk_s[r0] = rk0;
+            rk_s[r1] = rk1;
+          }
+        }
+        // Fragment element e of register i: row (i & 1 ? r1 : r0), channel 16 kk + 2t + 8 (i >> 1) + e.
+        auto load_b = [&](int kk, float2(&bv)[4]) {
+#pragma unroll
+          for (int i = 0; i < 4; ++i)
+            bv[i] = *reinterpret_cast<const float2*>(
+                b2 + b2_off(i & 1 ? r1 : r0, 16 * kk + 2 * t + 8 * (i >> 1)));
+        };
+        auto load_vec = [&](const float* vec, int kk, float2(&out)[2]) {
+          out[0] = *reinterpret_cast<const float2*>(vec + 16 * kk + 2 * t);
+          out[1] = *reinterpret_cast<const float2*>(vec + 16 * kk + 2 * t + 8);
+        };
+        const uint32_t st_row = uint32_t(kSubBlock * R + (lane & 15));  // ldmatrix / stmatrix row
+
+        // ---- phase C1: B tile (kn 2^(m_R - b), L/M column operand) and Kh -------------------------
+        // NOTE: g is dead after phase A (the barrier above), so the B tile takes its place.
+        uint8_t* kh_stage = smem + Smem::kKhOffset + s * Smem::kTile;
+        const uint32_t kh_buf = ptx::smem_addr(kh_stage);
 #pragma unroll 2
         for (int kk = 0; kk < kHeadDim / 16; ++kk) {
-          uint32_t qa[4], ka[4];
-          kdakit::cuda::ldmatrix_x4(qa, tile_addr(q_raw, kSubBlock * R + (lane & 15), 2 * kk + (lane >> 4)));
-          kdakit::cuda::ldmatrix_x4(ka, tile_addr(k_raw, kSubBlock * R + (lane & 15), 2 * kk + (lane >> 4)));
+          uint32_t ka[4];
+          kdakit::cuda::ldmatrix_x4(ka, tile_addr(k_raw, st_row, 2 * kk + (lane >> 4)));
+          float2 bv[4], myv[2], hfv[2];
+          load_b(kk, bv);
+          load_vec(my_v + R * kHeadDim, kk, myv);
+          load_vec(hfac_v + R * kHeadDim, kk, hfv);
+          uint32_t bt[4], kh[4];
 #pragma unroll
-          for (int i = 0; i < 4; i += 2) {
-            sq0 += bf16_lo(qa[i]) * bf16_lo(qa[i]) + bf16_hi(qa[i]) * bf16_hi(qa[i]);
-            sq1 += bf16_lo(qa[i + 1]) * bf16_lo(qa[i + 1]) + bf16_hi(qa[i + 1]) * bf16_hi(qa[i + 1]);
-            sk0 += bf16_lo(ka[i]) * bf16_lo(ka[i]) + bf16_hi(ka[i]) * bf16_hi(ka[i]);
-            sk1 += bf16_lo(ka[i + 1]) * bf16_lo(ka[i + 1]) + bf16_hi(ka[i + 1]) * bf16_hi(ka[i + 1]);
+          for (int i = 0; i < 4; ++i) {
+            // NOTE: select, not multiply: rows past the sequence may hold anything, NaN included.
+            const bool ok = i & 1 ? ok1 : ok0;
+            const float rk = i & 1 ? rk1 : rk0;
+            const float k0 = ok ? bf16_lo(ka[i]) * rk : 0.f, k1 = ok ? bf16_hi(ka[i]) * rk : 0.f;
+            const float2 m = myv[i >> 1], hf = hfv[i >> 1];
+            const float x0 = k0 * fast_exp2(m.x - bv[i].x), x1 = k1 * fast_exp2(m.y - bv[i].y);
+            bt[i] = pack_bf16x2(x0, x1);
+            kh[i] = pack_bf16x2(x0 * hf.x, x1 * hf.y);
           }
+          ptx::stmatrix_x4(tile_addr(b_tile, st_row, 2 * kk + (lane >> 4)), bt[0], bt[1], bt[2],
+                           bt[3]);
+          ptx::stmatrix_x4(tile_addr(kh_buf, st_row, 2 * kk + (lane >> 4)), kh[0], kh[1], kh[2],
+                           kh[3]);
         }
-        sq0 = kdakit::cuda::warp_sum_width<4>(sq0);
-        sq1 = kdakit::cuda::warp_sum_width<4>(sq1);
-        sk0 = kdakit::cuda::warp_sum_width<4>(sk0);
-        sk1 = kdakit::cuda::warp_sum_width<4>(sk1);
-        const bool l2 = p.use_qk_l2norm;
-        rq0 = ok0 ? p.scale * (l2 ? kdakit::cuda::l2norm_scale(sq0) : 1.f) : 0.f;
-        rq1 = ok1 ? p.scale * (l2 ? kdakit::cuda::l2norm_scale(sq1) : 1.f) : 0.f;
-        rk0 = ok0 ? (l2 ? kdakit::cuda::l2norm_scale(sk0) : 1.f) : 0.f;
-        rk1 = ok1 ? (l2 ? kdakit::cuda::l2norm_scale(sk1) : 1.f) : 0.f;
-        if (t == 0) {
-          rq_s[r0] = rq0;
-          rq_s[r1] = rq1;
-          rk_s[r0] = rk0;
-          rk_s[r1] = rk1;
-        }
-      }
-      // Fragment element e of register i: row (i & 1 ? r1 : r0), channel 16 kk + 2t + 8 (i >> 1) + e.
-      auto load_b = [&](int kk, float2 (&bv)[4]) {
-#pragma unroll
-        for (int i = 0; i < 4; ++i)
-          bv[i] = *reinterpret_cast<const float2*>(b2 + b2_off(i & 1 ? r1 : r0, 16 * kk + 2 * t + 8 * (i >> 1)));
-      };
-      auto load_vec = [&](const float* vec, int kk, float2 (&out)[2]) {
-        out[0] = *reinterpret_cast<const float2*>(vec + 16 * kk + 2 * t);
-        out[1] = *reinterpret_cast<const float2*>(vec + 16 * kk + 2 * t + 8);
-      };
-      const uint32_t st_row = uint32_t(kSubBlock * R + (lane & 15));  // ldmatrix / stmatrix row
+        ptx::named_barrier_sync(kProducerBarrier, kWarpGroup);
 
-      // ---- phase C1: B tile (kn 2^(m_R - b), L/M column operand) and Kh -------------------------
-      // NOTE: g is dead after phase A (the barrier above), so the B tile takes its place.
-      uint8_t* kh_stage = smem + Smem::kKhOffset + s * Smem::kTile;
-      const uint32_t kh_buf = ptx::smem_addr(kh_stage);
-#pragma unroll 2
-      for (int kk = 0; kk < kHeadDim / 16; ++kk) {
-        uint32_t ka[4];
-        kdakit::cuda::ldmatrix_x4(ka, tile_addr(k_raw, st_row, 2 * kk + (lane >> 4)));
-        float2 bv[4], myv[2], hfv[2];
-        load_b(kk, bv);
-        load_vec(my_v + R * kHeadDim, kk, myv);
-        load_vec(hfac_v + R * kHeadDim, kk, hfv);
-        uint32_t bt[4], kh[4];
+        // ---- phase C2: Qt, Kt; L and M -------------------------------------------------------
+        // Kt goes into the W buffer, which the consumers must have released (chunk j - 1).
+        ptx::mbarrier_wait(&bars[kWEmpty], (gc & 1) ^ 1);
+        const uint32_t qt_buf = sbase + uint32_t(Smem::kQtOffset + s * Smem::kTile);
+        float accL[8][4], accM[8][4];
 #pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          // NOTE: select, not multiply: rows past the sequence may hold anything, NaN included.
-          const bool ok = i & 1 ? ok1 : ok0;
-          const float rk = i & 1 ? rk1 : rk0;
-          const float k0 = ok ? bf16_lo(ka[i]) * rk : 0.f, k1 = ok ? bf16_hi(ka[i]) * rk : 0.f;
-          const float2 m = myv[i >> 1], hf = hfv[i >> 1];
-          const float x0 = k0 * fast_exp2(m.x - bv[i].x), x1 = k1 * fast_exp2(m.y - bv[i].y);
-          bt[i] = pack_bf16x2(x0, x1);
-          kh[i] = pack_bf16x2(x0 * hf.x, x1 * hf.y);
+        for (int i = 0; i < 8; ++i) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) accL[i][e] = accM[i][e] = 0.f;
         }
-        ptx::stmatrix_x4(tile_addr(b_tile, st_row, 2 * kk + (lane >> 4)), bt[0], bt[1], bt[2], bt[3]);
-        ptx::stmatrix_x4(tile_addr(kh_buf, st_row, 2 * kk + (lane >> 4)), kh[0], kh[1], kh[2], kh[3]);
-      }
-      ptx::named_barrier_sync(kProducerBarrier, kWarpGroup);
-
-      // ---- phase C2: Qt, Kt; L and M -------------------------------------------------------
-      // Kt goes into the W buffer, which the consumers must have released (chunk j - 1).
-      ptx::mbarrier_wait(&bars[kWEmpty], (gc & 1) ^ 1);
-      const uint32_t qt_buf = sbase + uint32_t(Smem::kQtOffset + s * Smem::kTile);
-      float accL[8][4], accM[8][4];
-#pragma unroll
-      for (int i = 0; i < 8; ++i) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) accL[i][e] = accM[i][e] = 0.f;
-      }
 #pragma unroll 1
-      for (int kk = 0; kk < kHeadDim / 16; ++kk) {
-        uint32_t qa[4], ka[4];
-        kdakit::cuda::ldmatrix_x4(qa, tile_addr(q_raw, st_row, 2 * kk + (lane >> 4)));
-        kdakit::cuda::ldmatrix_x4(ka, tile_addr(k_raw, st_row, 2 * kk + (lane >> 4)));
-        float2 bv[4], cpv[2], mxv[2], pfv[2];
-        load_b(kk, bv);
-        load_vec(cprev_v + R * kHeadDim, kk, cpv);
-        load_vec(mx_v + R * kHeadDim, kk, mxv);
-        load_vec(pfac_v + R * kHeadDim, kk, pfv);
-        // qe, ke = qn 2^(b - c_{R-1}), kn 2^(b - c_{R-1}) (<= |x|): Qt, Kt and the off-diagonal
-        // rows; the diagonal tile's A operands (x 2^(b - m_R)) are packed right away.
-        float qe[4][2], ke[4][2];
-        uint32_t qt[4], kt[4], aLd[4], aMd[4];
+        for (int kk = 0; kk < kHeadDim / 16; ++kk) {
+          uint32_t qa[4], ka[4];
+          kdakit::cuda::ldmatrix_x4(qa, tile_addr(q_raw, st_row, 2 * kk + (lane >> 4)));
+          kdakit::cuda::ldmatrix_x4(ka, tile_addr(k_raw, st_row, 2 * kk + (lane >> 4)));
+          float2 bv[4], cpv[2], mxv[2], pfv[2];
+          load_b(kk, bv);
+          load_vec(cprev_v + R * kHeadDim, kk, cpv);
+          load_vec(mx_v + R * kHeadDim, kk, mxv);
+          load_vec(pfac_v + R * kHeadDim, kk, pfv);
+          // qe, ke = qn 2^(b - c_{R-1}), kn 2^(b - c_{R-1}) (<= |x|): Qt, Kt and the off-diagonal
+          // rows; the diagonal tile's A operands (x 2^(b - m_R)) are packed right away.
+          float qe[4][2], ke[4][2];
+          uint32_t qt[4], kt[4], aLd[4], aMd[4];
 #pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          const bool ok = i & 1 ? ok1 : ok0;
-          const float rq = i & 1 ? rq1 : rq0, rk = i & 1 ? rk1 : rk0;
-          const float q0 = ok ? bf16_lo(qa[i]) * rq : 0.f, q1 = ok ? bf16_hi(qa[i]) * rq : 0.f;
-          const float k0 = ok ? bf16_lo(ka[i]) * rk : 0.f, k1 = ok ? bf16_hi(ka[i]) * rk : 0.f;
-          const float2 cp = cpv[i >> 1], mx = mxv[i >> 1], pf = pfv[i >> 1];
-          const float e0 = fast_exp2(bv[i].x - cp.x), e1 = fast_exp2(bv[i].y - cp.y);  // <= 1
-          const float x0 = fast_exp2(bv[i].x - mx.x), x1 = fast_exp2(bv[i].y - mx.y);  // <= 2^96; 0 if wide
-          qe[i][0] = q0 * e0;
-          qe[i][1] = q1 * e1;
-          ke[i][0] = k0 * e0;
-          ke[i][1] = k1 * e1;
-          qt[i] = pack_bf16x2(qe[i][0] * pf.x, qe[i][1] * pf.y);
-          kt[i] = pack_bf16x2(ke[i][0] * pf.x, ke[i][1] * pf.y);
-          aLd[i] = pack_bf16x2(k0 * x0, k1 * x1);
-          aMd[i] = pack_bf16x2(q0 * x0, q1 * x1);
-        }
-        ptx::stmatrix_x4(tile_addr(qt_buf, st_row, 2 * kk + (lane >> 4)), qt[0], qt[1], qt[2], qt[3]);
-        ptx::stmatrix_x4(tile_addr(w_buf, st_row, 2 * kk + (lane >> 4)), kt[0], kt[1], kt[2], kt[3]);
-        // NOTE: the diagonal tile first (S = R, then down to 0).
-#pragma unroll
-        for (int S = kSubBlocks - 1; S >= 0; --S) {
-          if (S > R) continue;
-          uint32_t aL[4], aM[4];
-          if (S == R) {
-#pragma unroll
-            for (int i = 0; i < 4; ++i) {
-              aL[i] = aLd[i];
-              aM[i] = aMd[i];
-            }
-          } else {
-            float2 gv[2];
-            load_vec(gfac_v + (R * (R - 1) / 2 + S) * kHeadDim, kk, gv);
-#pragma unroll
-            for (int i = 0; i < 4; ++i) {  // 2^(b - m_S) as (<= 1) x (<= 1)
-              const float2 gf = gv[i >> 1];
-              aL[i] = pack_bf16x2(ke[i][0] * gf.x, ke[i][1] * gf.y);
-              aM[i] = pack_bf16x2(qe[i][0] * gf.x, qe[i][1] * gf.y);
-            }
+          for (int i = 0; i < 4; ++i) {
+            const bool ok = i & 1 ? ok1 : ok0;
+            const float rq = i & 1 ? rq1 : rq0, rk = i & 1 ? rk1 : rk0;
+            const float q0 = ok ? bf16_lo(qa[i]) * rq : 0.f, q1 = ok ? bf16_hi(qa[i]) * rq : 0.f;
+            const float k0 = ok ? bf16_lo(ka[i]) * rk : 0.f, k1 = ok ? bf16_hi(ka[i]) * rk : 0.f;
+            const float2 cp = cpv[i >> 1], mx = mxv[i >> 1], pf = pfv[i >> 1];
+            const float e0 = fast_exp2(bv[i].x - cp.x), e1 = fast_exp2(bv[i].y - cp.y);  // <= 1
+            const float x0 = fast_exp2(bv[i].x - mx.x),
+                        x1 = fast_exp2(bv[i].y - mx.y);  // <= 2^96; 0 if wide
+            qe[i][0] = q0 * e0;
+            qe[i][1] = q1 * e1;
+            ke[i][0] = k0 * e0;
+            ke[i][1] = k1 * e1;
+            qt[i] = pack_bf16x2(qe[i][0] * pf.x, qe[i][1] * pf.y);
+            kt[i] = pack_bf16x2(ke[i][0] * pf.x, ke[i][1] * pf.y);
+            aLd[i] = pack_bf16x2(k0 * x0, k1 * x1);
+            aMd[i] = pack_bf16x2(q0 * x0, q1 * x1);
           }
-          uint32_t bb[4];
-          kdakit::cuda::ldmatrix_x4(
-              bb, tile_addr(b_tile, kSubBlock * S + (lane & 7) + ((lane >> 4) << 3), 2 * kk + ((lane >> 3) & 1)));
-          kdakit::cuda::mma_bf16_16816(accL[2 * S], aL, bb[0], bb[1]);
-          kdakit::cuda::mma_bf16_16816(accL[2 * S + 1], aL, bb[2], bb[3]);
-          kdakit::cuda::mma_bf16_16816(accM[2 * S], aM, bb[0], bb[1]);
-          kdakit::cuda::mma_bf16_16816(accM[2 * S + 1], aM, bb[2], bb[3]);
+          ptx::stmatrix_x4(tile_addr(qt_buf, st_row, 2 * kk + (lane >> 4)), qt[0], qt[1], qt[2],
+                           qt[3]);
+          ptx::stmatrix_x4(tile_addr(w_buf, st_row, 2 * kk + (lane >> 4)), kt[0], kt[1], kt[2],
+                           kt[3]);
+          // NOTE: the diagonal tile first (S = R, then down to 0).
+#pragma unroll
+          for (int S = kSubBlocks - 1; S >= 0; --S) {
+            if (S > R) continue;
+            uint32_t aL[4], aM[4];
+            if (S == R) {
+#pragma unroll
+              for (int i = 0; i < 4; ++i) {
+                aL[i] = aLd[i];
+                aM[i] = aMd[i];
+              }
+            } else {
+              float2 gv[2];
+              load_vec(gfac_v + (R * (R - 1) / 2 + S) * kHeadDim, kk, gv);
+#pragma unroll
+              for (int i = 0; i < 4; ++i) {  // 2^(b - m_S) as (<= 1) x (<= 1)
+                const float2 gf = gv[i >> 1];
+                aL[i] = pack_bf16x2(ke[i][0] * gf.x, ke[i][1] * gf.y);
+                aM[i] = pack_bf16x2(qe[i][0] * gf.x, qe[i][1] * gf.y);
+              }
+            }
+            uint32_t bb[4];
+            kdakit::cuda::ldmatrix_x4(
+                bb, tile_addr(b_tile, kSubBlock * S + (lane & 7) + ((lane >> 4) << 3),
+                              2 * kk + ((lane >> 3) & 1)));
+            kdakit::cuda::mma_bf16_16816(accL[2 * S], aL, bb[0], bb[1]);
+            kdakit::cuda::mma_bf16_16816(accL[2 * S + 1], aL, bb[2], bb[3]);
+            kdakit::cuda::mma_bf16_16816(accM[2 * S], aM, bb[0], bb[1]);
+            kdakit::cuda::mma_bf16_16816(accM[2 * S + 1], aM, bb[2], bb[3]);
+          }
         }
-      }
 
-      // ---- phase D1: diagonal-tile terms of wide-span channels, per element ---------------------
-      uint32_t any_wide = 0;
+        // ---- phase D1: diagonal-tile terms of wide-span channels, per element ---------------------
+        uint32_t any_wide = 0;
 #pragma unroll
-      for (int i = 0; i < kSubBlocks * 4; ++i) any_wide |= wide[i];
-      if (any_wide != 0u) {
+        for (int i = 0; i < kSubBlocks * 4; ++i) any_wide |= wide[i];
+        if (any_wide != 0u) {
 #pragma unroll
-        for (int S = 0; S < kSubBlocks; ++S) {
-          if (S != R) continue;
-          for (int word = 0; word < 4; ++word) {
-            uint32_t bits = wide[R * 4 + word];
-            while (bits != 0u) {
-              const int c = word * 32 + __ffs(bits) - 1;
-              bits &= bits - 1u;
-              auto raw = [&](uint32_t base, int row) {
-                uint16_t x;
-                asm volatile("ld.shared.u16 %0, [%1];" : "=h"(x) : "r"(tile_addr(base, row, c >> 3) + uint32_t(c & 7) * 2u));
-                return __uint_as_float(uint32_t(x) << 16);
-              };
-              auto bval = [&](int row) { return *reinterpret_cast<const float*>(b2 + b2_off(row, c)); };
-              const float br[2] = {bval(r0), bval(r1)};
-              const float kr[2] = {ok0 ? raw(k_raw, r0) * rk0 : 0.f, ok1 ? raw(k_raw, r1) * rk1 : 0.f};
-              const float qr[2] = {ok0 ? raw(q_raw, r0) * rq0 : 0.f, ok1 ? raw(q_raw, r1) * rq1 : 0.f};
+          for (int S = 0; S < kSubBlocks; ++S) {
+            if (S != R) continue;
+            for (int word = 0; word < 4; ++word) {
+              uint32_t bits = wide[R * 4 + word];
+              while (bits != 0u) {
+                const int c = word * 32 + __ffs(bits) - 1;
+                bits &= bits - 1u;
+                auto raw = [&](uint32_t base, int row) {
+                  uint16_t x;
+                  asm volatile("ld.shared.u16 %0, [%1];"
+                               : "=h"(x)
+                               : "r"(tile_addr(base, row, c >> 3) + uint32_t(c & 7) * 2u));
+                  return __uint_as_float(uint32_t(x) << 16);
+                };
+                auto bval = [&](int row) {
+                  return *reinterpret_cast<const float*>(b2 + b2_off(row, c));
+                };
+                const float br[2] = {bval(r0), bval(r1)};
+                const float kr[2] = {ok0 ? raw(k_raw, r0) * rk0 : 0.f,
+                                     ok1 ? raw(k_raw, r1) * rk1 : 0.f};
+                const float qr[2] = {ok0 ? raw(q_raw, r0) * rq0 : 0.f,
+                                     ok1 ? raw(q_raw, r1) * rq1 : 0.f};
 #pragma unroll
-              for (int nt = 0; nt < 2; ++nt) {
+                for (int nt = 0; nt < 2; ++nt) {
 #pragma unroll
-                for (int e = 0; e < 2; ++e) {
-                  const int col = kSubBlock * S + 8 * nt + 2 * t + e;
-                  const float bs = bval(col), ks = col < valid ? raw(k_raw, col) * rk_s[col] : 0.f;
+                  for (int e = 0; e < 2; ++e) {
+                    const int col = kSubBlock * S + 8 * nt + 2 * t + e;
+                    const float bs = bval(col),
+                                ks = col < valid ? raw(k_raw, col) * rk_s[col] : 0.f;
 #pragma unroll
-                  for (int hr = 0; hr < 2; ++hr) {
-                    const float ex = fast_exp2(fminf(br[hr] - bs, 0.f));
-                    accL[2 * S + nt][2 * hr + e] += kr[hr] * ks * ex;
-                    accM[2 * S + nt][2 * hr + e] += qr[hr] * ks * ex;
+                    for (int hr = 0; hr < 2; ++hr) {
+                      const float ex = fast_exp2(fminf(br[hr] - bs, 0.f));
+                      accL[2 * S + nt][2 * hr + e] += kr[hr] * ks * ex;
+                      accM[2 * S + nt][2 * hr + e] += qr[hr] * ks * ex;
+                    }
                   }
                 }
               }
             }
           }
         }
-      }
 
-      // ---- phase D2: raw q, k, g, b and the B tile are dead: refill with chunk j + 1 ------------
-      ptx::named_barrier_sync(kProducerBarrier, kWarpGroup);
-      if (ptid == 0) {
-        // NOTE: recomputed here rather than kept from phase A: nine values live across the chunk
-        // pushed the producer past its registers.
-        const NextChunk nxt = next_chunk<Cfg::kSlices>(p, num_items, item, item_at<Cfg::kSlices>(p, item), j);
-        if (nxt.ok) {
-          ptx::fence_proxy_async_shared();
-          issue_raw(nxt.it, nxt.j);
-        }
-      }
-
-      // ---- phase D3: L (masked) to fp32 over b, M (masked, bf16) to its buffer ----------------
-      ptx::mbarrier_wait(&bars[kMEmpty], (gc & 1) ^ 1);
-#pragma unroll
-      for (int S = 0; S < kSubBlocks; ++S) {
-        uint32_t mp[4];
-        if (S <= R) {
-#pragma unroll
-          for (int nt = 0; nt < 2; ++nt) {
-#pragma unroll
-            for (int hr = 0; hr < 2; ++hr) {
-              const int r = kSubBlock * R + g + 8 * hr;
-              const int col = kSubBlock * S + 8 * nt + 2 * t;
-              float l0 = accL[2 * S + nt][2 * hr], l1 = accL[2 * S + nt][2 * hr + 1];
-              float m0 = accM[2 * S + nt][2 * hr], m1 = accM[2 * S + nt][2 * hr + 1];
-              if (S == R) {  // the diagonal tile: entries above it may be inf, so select
-                l0 = col < r ? l0 : 0.f;
-                l1 = col + 1 < r ? l1 : 0.f;
-                m0 = col <= r ? m0 : 0.f;
-                m1 = col + 1 <= r ? m1 : 0.f;
-              }
-              *reinterpret_cast<float2*>(Lf + r * common::kLdF + col) = make_float2(l0, l1);
-              mp[2 * nt + hr] = pack_bf16x2(m0, m1);
-            }
-          }
-        } else {
-          mp[0] = mp[1] = mp[2] = mp[3] = 0u;
-        }
-        ptx::stmatrix_x4(half_addr(m_buf, st_row, 2 * S + (lane >> 4)), mp[0], mp[1], mp[2], mp[3]);
-      }
-      ptx::named_barrier_sync(kProducerBarrier, kWarpGroup);
-
-      // ---- phase D4: T diag(beta) (bf16 hi/lo), T's diagonal blocks in place over L's ----------
-      ptx::mbarrier_wait(&bars[kTbEmpty], (gc & 1) ^ 1);
-      {
-        uint8_t* hi = smem + Smem::kTbHiOffset;
-        uint8_t* lo = smem + Smem::kTbLoOffset;
-        float trr[2][4];
-        common::tc_diag_inverse(Lf, beta_s, R, g, t, trr);
-        __syncwarp();
-        common::store_tile(Lf, R, R, g, t, trr);
-        common::store_tile_hilo(hi, lo, beta_s, R, R, g, t, trr);
+        // ---- phase D2: raw q, k, g, b and the B tile are dead: refill with chunk j + 1 ------------
         ptx::named_barrier_sync(kProducerBarrier, kWarpGroup);
-        switch (R) {
-          case 1: common::tc_offdiag_row<1, true>(Lf, Lf, beta_s, g, t, trr, hi, lo); break;
-          case 2: common::tc_offdiag_row<2, true>(Lf, Lf, beta_s, g, t, trr, hi, lo); break;
-          case 3: common::tc_offdiag_row<3, true>(Lf, Lf, beta_s, g, t, trr, hi, lo); break;
-          default: break;
+        if (ptid == 0) {
+          // NOTE: recomputed here rather than kept from phase A: nine values live across the chunk
+          // pushed the producer past its registers.
+          const NextChunk nxt =
+              next_chunk<Cfg::kSlices>(p, num_items, item, item_at<Cfg::kSlices>(p, item), j);
+          if (nxt.ok) {
+            ptx::fence_proxy_async_shared();
+            issue_raw(nxt.it, nxt.j);
+          }
         }
-      }
-      ptx::fence_proxy_async_shared();  // Kt, T diag(beta): generic writes, read by wgmma next
-      ptx::named_barrier_sync(kProducerBarrier, kWarpGroup);
 
-      // ---- phase E: W = T diag(beta) Kt (wgmma), over Kt ---------------------------------------
-      {
-        float accW[64];
-        ptx::wgmma_fence();
+        // ---- phase D3: L (masked) to fp32 over b, M (masked, bf16) to its buffer ----------------
+        ptx::mbarrier_wait(&bars[kMEmpty], (gc & 1) ^ 1);
 #pragma unroll
-        for (int kk = 0; kk < kChunk / 16; ++kk)
-          gmma_ss<OpW>(desc_k64(tb_hi, kk), desc_mn(w_buf, kk), accW, kk > 0);
+        for (int S = 0; S < kSubBlocks; ++S) {
+          uint32_t mp[4];
+          if (S <= R) {
 #pragma unroll
-        for (int kk = 0; kk < kChunk / 16; ++kk) gmma_ss<OpW>(desc_k64(tb_lo, kk), desc_mn(w_buf, kk), accW, true);
-        ptx::wgmma_commit();
-        ptx::wgmma_wait<0>();
-        ptx::fence_operands(accW);
-        ptx::named_barrier_sync(kProducerBarrier, kWarpGroup);  // every warp's reads of Kt are done
+            for (int nt = 0; nt < 2; ++nt) {
 #pragma unroll
-        for (int q = 0; q < 8; ++q) {
-          ptx::stmatrix_x4(tile_addr(w_buf, st_row, 2 * q + (lane >> 4)), pack_bf16x2(accW[8 * q], accW[8 * q + 1]),
-                           pack_bf16x2(accW[8 * q + 2], accW[8 * q + 3]),
-                           pack_bf16x2(accW[8 * q + 4], accW[8 * q + 5]),
-                           pack_bf16x2(accW[8 * q + 6], accW[8 * q + 7]));
+              for (int hr = 0; hr < 2; ++hr) {
+                const int r = kSubBlock * R + g + 8 * hr;
+                const int col = kSubBlock * S + 8 * nt + 2 * t;
+                float l0 = accL[2 * S + nt][2 * hr], l1 = accL[2 * S + nt][2 * hr + 1];
+                float m0 = accM[2 * S + nt][2 * hr], m1 = accM[2 * S + nt][2 * hr + 1];
+                if (S == R) {  // the diagonal tile: entries above it may be inf, so select
+                  l0 = col < r ? l0 : 0.f;
+                  l1 = col + 1 < r ? l1 : 0.f;
+                  m0 = col <= r ? m0 : 0.f;
+                  m1 = col + 1 <= r ? m1 : 0.f;
+                }
+                *reinterpret_cast<float2*>(Lf + r * common::kLdF + col) = make_float2(l0, l1);
+                mp[2 * nt + hr] = pack_bf16x2(m0, m1);
+              }
+            }
+          } else {
+            mp[0] = mp[1] = mp[2] = mp[3] = 0u;
+          }
+          ptx::stmatrix_x4(half_addr(m_buf, st_row, 2 * S + (lane >> 4)), mp[0], mp[1], mp[2],
+                           mp[3]);
+        }
+        ptx::named_barrier_sync(kProducerBarrier, kWarpGroup);
+
+        // ---- phase D4: T diag(beta) (bf16 hi/lo), T's diagonal blocks in place over L's ----------
+        ptx::mbarrier_wait(&bars[kTbEmpty], (gc & 1) ^ 1);
+        {
+          uint8_t* hi = smem + Smem::kTbHiOffset;
+          uint8_t* lo = smem + Smem::kTbLoOffset;
+          float trr[2][4];
+          common::tc_diag_inverse(Lf, beta_s, R, g, t, trr);
+          __syncwarp();
+          common::store_tile(Lf, R, R, g, t, trr);
+          common::store_tile_hilo(hi, lo, beta_s, R, R, g, t, trr);
+          ptx::named_barrier_sync(kProducerBarrier, kWarpGroup);
+          switch (R) {
+            case 1:
+              common::tc_offdiag_row<1, true>(Lf, Lf, beta_s, g, t, trr, hi, lo);
+              break;
+            case 2:
+              common::tc_offdiag_row<2, true>(Lf, Lf, beta_s, g, t, trr, hi, lo);
+              break;
+            case 3:
+              common::tc_offdiag_row<3, true>(Lf, Lf, beta_s, g, t, trr, hi, lo);
+              break;
+            default:
+              break;
+          }
+        }
+        ptx::fence_proxy_async_shared();  // Kt, T diag(beta): generic writes, read by wgmma next
+        ptx::named_barrier_sync(kProducerBarrier, kWarpGroup);
+
+        // ---- phase E: W = T diag(beta) Kt (wgmma), over Kt ---------------------------------------
+        {
+          float accW[64];
+          ptx::wgmma_fence();
+#pragma unroll
+          for (int kk = 0; kk < kChunk / 16; ++kk)
+            gmma_ss<OpW>(desc_k64(tb_hi, kk), desc_mn(w_buf, kk), accW, kk > 0);
+#pragma unroll
+          for (int kk = 0; kk < kChunk / 16; ++kk)
+            gmma_ss<OpW>(desc_k64(tb_lo, kk), desc_mn(w_buf, kk), accW, true);
+          ptx::wgmma_commit();
+          ptx::wgmma_wait<0>();
+          ptx::fence_operands(accW);
+          ptx::named_barrier_sync(kProducerBarrier,
+                                  kWarpGroup);  // every warp's reads of Kt are done
+#pragma unroll
+          for (int q = 0; q < 8; ++q) {
+            ptx::stmatrix_x4(tile_addr(w_buf, st_row, 2 * q + (lane >> 4)),
+                             pack_bf16x2(accW[8 * q], accW[8 * q + 1]),
+                             pack_bf16x2(accW[8 * q + 2], accW[8 * q + 3]),
+                             pack_bf16x2(accW[8 * q + 4], accW[8 * q + 5]),
+                             pack_bf16x2(accW[8 * q + 6], accW[8 * q + 7]));
+          }
+        }
+        ptx::fence_proxy_async_shared();
+        ptx::named_barrier_sync(kProducerBarrier, kWarpGroup);
+        if (ptid == 0) {
+          ptx::mbarrier_arrive(&bars[kQtKhFull + s]);
+          ptx::mbarrier_arrive(&bars[kMFull]);
+          ptx::mbarrier_arrive(&bars[kTbFull]);
+          ptx::mbarrier_arrive(&bars[kWFull]);
         }
       }
-      ptx::fence_proxy_async_shared();
-      ptx::named_barrier_sync(kProducerBarrier, kWarpGroup);
-      if (ptid == 0) {
-        ptx::mbarrier_arrive(&bars[kQtKhFull + s]);
-        ptx::mbarrier_arrive(&bars[kMFull]);
-        ptx::mbarrier_arrive(&bars[kTbFull]);
-        ptx::mbarrier_arrive(&bars[kWFull]);
-      }
-    }
     }
   } else {
     // ======================================== consumers ========================================
     if constexpr (kConsumers == 2) ptx::setmaxnreg_inc<Cfg::kConsumerRegs>();
-    const int cw = wg - 1;                  // consumer warpgroup
-    const int w = (threadIdx.x / 32) % 4;   // warp within it
+    const int cw = wg - 1;                 // consumer warpgroup
+    const int w = (threadIdx.x / 32) % 4;  // warp within it
     const int ctid = threadIdx.x % kWarpGroup;
     uint8_t* v_half = smem + Smem::kVOffset + cw * Smem::kHalf;
     const uint32_t v_addr = ptx::smem_addr(v_half);
@@ -749,8 +795,8 @@ __global__ void __launch_bounds__(Config<kConsumers>::kThreads, 1)
                        int(it.start) + j * kChunk, it.brow);
     };
     {
-      const NextChunk first = next_chunk<Cfg::kSlices>(p, num_items, int(blockIdx.x) - int(gridDim.x),
-                                                       Item{0, 0, 0, 0, 0, 0, 0}, 0);
+      const NextChunk first = next_chunk<Cfg::kSlices>(
+          p, num_items, int(blockIdx.x) - int(gridDim.x), Item{0, 0, 0, 0, 0, 0, 0}, 0);
       if (ctid == 0 && first.ok) {
         ptx::prefetch_tensormap(&tma.v);
         issue_v(first.it, 0);
@@ -763,220 +809,232 @@ __global__ void __launch_bounds__(Config<kConsumers>::kThreads, 1)
     ItemRecord* rec = reinterpret_cast<ItemRecord*>(smem + Smem::kItemOffset) + cw;
     int gc = 0;  // chunks this CTA has processed (the producer counts the same way)
     for (int item = int(blockIdx.x); item < num_items; item += int(gridDim.x)) {
-    if (ctid == 0) {
-      const Item it = item_at<Cfg::kSlices>(p, item);
-      const int vb = it.z * Cfg::kValueRows + 64 * cw;
-      rec->o_off = (p.packed ? 0 : int64_t(it.n) * p.stride_o_b) + it.start * p.stride_o_t +
-                   int64_t(it.h) * p.stride_o_h + vb;
-      rec->len = it.len;
-      rec->chunks = it.chunks;
-      rec->n = it.n;
-      rec->h = it.h;
-      rec->vbase = vb;
-    }
-    ptx::named_barrier_sync(kConsumerBarrier0 + cw, kWarpGroup);
-    const int vrow = vld(&rec->vbase) + 16 * w + g;  // value row of c0/c1 (c2/c3: vrow + 8)
-
-    float state[64];
-    float(&state4)[16][4] = reinterpret_cast<float(&)[16][4]>(state);
-    {
-      const int n = vld(&rec->n);
-      const void* init = nullptr;
-      if (p.initial_state != nullptr) {
-        int64_t slot = n;
-        if (p.initial_state_indices != nullptr) slot = p.initial_state_indices[n];
-        if (slot >= 0 && slot < p.num_state_slots)
-          init = common::state_at(const_cast<void*>(p.initial_state),
-                                  slot * p.stride_initial_state_n + int64_t(vld(&rec->h)) * kHeadDim * kHeadDim,
-                                  p.state_bf16);
+      if (ctid == 0) {
+        const Item it = item_at<Cfg::kSlices>(p, item);
+        const int vb = it.z * Cfg::kValueRows + 64 * cw;
+        rec->o_off = (p.packed ? 0 : int64_t(it.n) * p.stride_o_b) + it.start * p.stride_o_t +
+                     int64_t(it.h) * p.stride_o_h + vb;
+        rec->len = it.len;
+        rec->chunks = it.chunks;
+        rec->n = it.n;
+        rec->h = it.h;
+        rec->vbase = vb;
       }
-      if (init != nullptr) {
-        common::load_state(state4, init, vrow, t, p);
-      } else {
-#pragma unroll
-        for (int i = 0; i < 64; ++i) state[i] = 0.f;
-      }
-    }
+      ptx::named_barrier_sync(kConsumerBarrier0 + cw, kWarpGroup);
+      const int vrow = vld(&rec->vbase) + 16 * w + g;  // value row of c0/c1 (c2/c3: vrow + 8)
 
-    // First chunk-state entry of this sequence: sum over earlier sequences of ceil(len / interval).
-    const int chunks_per_state = p.chunk_states != nullptr ? p.chunk_state_interval / kChunk : 0;
-    if (chunks_per_state > 0 && w == 0) {
-      const int n = vld(&rec->n);
-      int64_t base = 0;
-      for (int m = lane; m < n; m += 32) {
-        const int len = max(p.seq_len[m], 0);
-        base += (len + p.chunk_state_interval - 1) / p.chunk_state_interval;
-      }
-#pragma unroll
-      for (int off = 16; off > 0; off /= 2) base += __shfl_xor_sync(0xffffffffu, base, off);
-      if (lane == 0) rec->cs_base = base;
-    }
-    if (chunks_per_state > 0) ptx::named_barrier_sync(kConsumerBarrier0 + cw, kWarpGroup);
-
-    for (int j = 0; j < vld(&rec->chunks); ++j, ++gc) {
-      const int s = gc & 1;
-      const int valid = min(kChunk, vld(&rec->len) - j * kChunk);
-      if (chunks_per_state > 0 && j % chunks_per_state == 0) {
-        const int64_t off = common::chunk_state_offset(p, vld(&rec->cs_base) + j / chunks_per_state, vld(&rec->h));
-        if (off >= 0)
-          common::store_state(state4, common::state_at(p.chunk_states, off, p.chunk_bf16), vrow, t,
-                              common::StateView{p.k_first, p.chunk_bf16, p.chunk_pairs});
-      }
-
-      // S0^T as bf16 A fragments (key channels 64 half .. 64 half + 63), built while no wgmma of
-      // the chunk is in flight: the state is the accumulator of the last chunk's update.
-      // NOTE: built and used one half at a time (16 registers instead of 32): the consumer holds
-      // the state, U^T and O^T accumulators and this operand at once, and the whole set fits
-      // the warpgroup's register budget only this way.
-      uint32_t sa[4][4];
-      auto pack_state_half = [&](int half) {
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          const int kk = 4 * half + i;
-          sa[i][0] = pack_bf16x2(state4[2 * kk][0], state4[2 * kk][1]);
-          sa[i][1] = pack_bf16x2(state4[2 * kk][2], state4[2 * kk][3]);
-          sa[i][2] = pack_bf16x2(state4[2 * kk + 1][0], state4[2 * kk + 1][1]);
-          sa[i][3] = pack_bf16x2(state4[2 * kk + 1][2], state4[2 * kk + 1][3]);
+      float state[64];
+      float(&state4)[16][4] = reinterpret_cast<float(&)[16][4]>(state);
+      {
+        const int n = vld(&rec->n);
+        const void* init = nullptr;
+        if (p.initial_state != nullptr) {
+          int64_t slot = n;
+          if (p.initial_state_indices != nullptr) slot = p.initial_state_indices[n];
+          if (slot >= 0 && slot < p.num_state_slots)
+            init = common::state_at(
+                const_cast<void*>(p.initial_state),
+                slot * p.stride_initial_state_n + int64_t(vld(&rec->h)) * kHeadDim * kHeadDim,
+                p.state_bf16);
         }
-      };
-      pack_state_half(0);
-
-      // ---- U0^T = V^T (T diag(beta))^T (hi + lo) -----------------------------------------------
-      ptx::mbarrier_wait(&bars[kVFull + cw], gc & 1);
-      if (valid < kChunk) {
-        // NOTE: rows past the sequence are another sequence's tokens, or past cu[N]: whatever
-        // they hold, zeros keep them out of the product (T diag(beta) is 0 there, but 0 * NaN
-        // is not).
-        for (int i = ctid; i < (kChunk - valid) * 8; i += kWarpGroup)
-          *reinterpret_cast<uint4*>(v_half + (valid + i / 8) * 128 + (i % 8) * 16) = make_uint4(0u, 0u, 0u, 0u);
-        ptx::fence_proxy_async_shared();
-        ptx::named_barrier_sync(kConsumerBarrier0 + cw, kWarpGroup);
+        if (init != nullptr) {
+          common::load_state(state4, init, vrow, t, p);
+        } else {
+#pragma unroll
+          for (int i = 0; i < 64; ++i) state[i] = 0.f;
+        }
       }
-      ptx::mbarrier_wait(&bars[kTbFull], gc & 1);
-      float accU[32], accO[32];
-      ptx::wgmma_fence();
-#pragma unroll
-      for (int kk = 0; kk < kChunk / 16; ++kk) gmma_ss<OpU0>(desc_mn(v_addr, kk), desc_k64(tb_hi, kk), accU, kk > 0);
-#pragma unroll
-      for (int kk = 0; kk < kChunk / 16; ++kk) gmma_ss<OpU0>(desc_mn(v_addr, kk), desc_k64(tb_lo, kk), accU, true);
 
-      // ---- U^T -= S0^T W^T, O^T = S0^T Qt^T (A = bf16 S0^T) ------------------------------------
-      ptx::mbarrier_wait(&bars[kWFull], gc & 1);
-      ptx::mbarrier_wait(&bars[kQtKhFull + s], (gc >> 1) & 1);
-      const uint32_t qt_buf = sbase + uint32_t(Smem::kQtOffset + s * Smem::kTile);
-      const uint32_t kh_buf = sbase + uint32_t(Smem::kKhOffset + s * Smem::kTile);
+      // First chunk-state entry of this sequence: sum over earlier sequences of ceil(len / interval).
+      const int chunks_per_state = p.chunk_states != nullptr ? p.chunk_state_interval / kChunk : 0;
+      if (chunks_per_state > 0 && w == 0) {
+        const int n = vld(&rec->n);
+        int64_t base = 0;
+        for (int m = lane; m < n; m += 32) {
+          const int len = max(p.seq_len[m], 0);
+          base += (len + p.chunk_state_interval - 1) / p.chunk_state_interval;
+        }
 #pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        if (half == 1) pack_state_half(1);
+        for (int off = 16; off > 0; off /= 2) base += __shfl_xor_sync(0xffffffffu, base, off);
+        if (lane == 0) rec->cs_base = base;
+      }
+      if (chunks_per_state > 0) ptx::named_barrier_sync(kConsumerBarrier0 + cw, kWarpGroup);
+
+      for (int j = 0; j < vld(&rec->chunks); ++j, ++gc) {
+        const int s = gc & 1;
+        const int valid = min(kChunk, vld(&rec->len) - j * kChunk);
+        if (chunks_per_state > 0 && j % chunks_per_state == 0) {
+          const int64_t off = common::chunk_state_offset(
+              p, vld(&rec->cs_base) + j / chunks_per_state, vld(&rec->h));
+          if (off >= 0)
+            common::store_state(state4, common::state_at(p.chunk_states, off, p.chunk_bf16), vrow,
+                                t, common::StateView{p.k_first, p.chunk_bf16, p.chunk_pairs});
+        }
+
+        // S0^T as bf16 A fragments (key channels 64 half .. 64 half + 63), built while no wgmma of
+        // the chunk is in flight: the state is the accumulator of the last chunk's update.
+        // NOTE: built and used one half at a time (16 registers instead of 32): the consumer holds
+        // the state, U^T and O^T accumulators and this operand at once, and the whole set fits
+        // the warpgroup's register budget only this way.
+        uint32_t sa[4][4];
+        auto pack_state_half = [&](int half) {
+#pragma unroll
+          for (int i = 0; i < 4; ++i) {
+            const int kk = 4 * half + i;
+            sa[i][0] = pack_bf16x2(state4[2 * kk][0], state4[2 * kk][1]);
+            sa[i][1] = pack_bf16x2(state4[2 * kk][2], state4[2 * kk][3]);
+            sa[i][2] = pack_bf16x2(state4[2 * kk + 1][0], state4[2 * kk + 1][1]);
+            sa[i][3] = pack_bf16x2(state4[2 * kk + 1][2], state4[2 * kk + 1][3]);
+          }
+        };
+        pack_state_half(0);
+
+        // ---- U0^T = V^T (T diag(beta))^T (hi + lo) -----------------------------------------------
+        ptx::mbarrier_wait(&bars[kVFull + cw], gc & 1);
+        if (valid < kChunk) {
+          // NOTE: rows past the sequence are another sequence's tokens, or past cu[N]: whatever
+          // they hold, zeros keep them out of the product (T diag(beta) is 0 there, but 0 * NaN
+          // is not).
+          for (int i = ctid; i < (kChunk - valid) * 8; i += kWarpGroup)
+            *reinterpret_cast<uint4*>(v_half + (valid + i / 8) * 128 + (i % 8) * 16) =
+                make_uint4(0u, 0u, 0u, 0u);
+          ptx::fence_proxy_async_shared();
+          ptx::named_barrier_sync(kConsumerBarrier0 + cw, kWarpGroup);
+        }
+        ptx::mbarrier_wait(&bars[kTbFull], gc & 1);
+        float accU[32], accO[32];
         ptx::wgmma_fence();
 #pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          const int kk = 4 * half + i;
-          gmma_rs<OpNegRS64>(sa[i], desc_k128(w_buf, kk), accU, true);
-          gmma_rs<OpRS64>(sa[i], desc_k128(qt_buf, kk), accO, kk > 0);
+        for (int kk = 0; kk < kChunk / 16; ++kk)
+          gmma_ss<OpU0>(desc_mn(v_addr, kk), desc_k64(tb_hi, kk), accU, kk > 0);
+#pragma unroll
+        for (int kk = 0; kk < kChunk / 16; ++kk)
+          gmma_ss<OpU0>(desc_mn(v_addr, kk), desc_k64(tb_lo, kk), accU, true);
+
+        // ---- U^T -= S0^T W^T, O^T = S0^T Qt^T (A = bf16 S0^T) ------------------------------------
+        ptx::mbarrier_wait(&bars[kWFull], gc & 1);
+        ptx::mbarrier_wait(&bars[kQtKhFull + s], (gc >> 1) & 1);
+        const uint32_t qt_buf = sbase + uint32_t(Smem::kQtOffset + s * Smem::kTile);
+        const uint32_t kh_buf = sbase + uint32_t(Smem::kKhOffset + s * Smem::kTile);
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          if (half == 1) pack_state_half(1);
+          ptx::wgmma_fence();
+#pragma unroll
+          for (int i = 0; i < 4; ++i) {
+            const int kk = 4 * half + i;
+            gmma_rs<OpNegRS64>(sa[i], desc_k128(w_buf, kk), accU, true);
+            gmma_rs<OpRS64>(sa[i], desc_k128(qt_buf, kk), accO, kk > 0);
+          }
+          ptx::wgmma_commit();
+          ptx::wgmma_wait<0>();
+          ptx::fence_operands(accU);
+          ptx::fence_operands(accO);
+        }
+        if (lane == 0) {
+          ptx::mbarrier_arrive(&bars[kTbEmpty]);
+          ptx::mbarrier_arrive(&bars[kWEmpty]);
+        }
+        // The warpgroup's reads of its V half are done: load chunk j + 1 into it.
+        ptx::named_barrier_sync(kConsumerBarrier0 + cw, kWarpGroup);
+        if (ctid == 0) {
+          const NextChunk nxt =
+              next_chunk<Cfg::kSlices>(p, num_items, item, item_at<Cfg::kSlices>(p, item), j);
+          if (nxt.ok) issue_v(nxt.it, nxt.j);
+        }
+
+        // ---- O^T += U^T M^T; S^T = S0^T diag(decay) + U^T Kh (U^T as bf16 hi + lo) ----------------
+        uint32_t uh[4][4], ul[4][4];
+#pragma unroll
+        for (int ks = 0; ks < 4; ++ks) {
+          kdakit::cuda::split_bf16x2(accU[8 * ks], accU[8 * ks + 1], uh[ks][0], ul[ks][0]);
+          kdakit::cuda::split_bf16x2(accU[8 * ks + 2], accU[8 * ks + 3], uh[ks][1], ul[ks][1]);
+          kdakit::cuda::split_bf16x2(accU[8 * ks + 4], accU[8 * ks + 5], uh[ks][2], ul[ks][2]);
+          kdakit::cuda::split_bf16x2(accU[8 * ks + 6], accU[8 * ks + 7], uh[ks][3], ul[ks][3]);
+        }
+        ptx::mbarrier_wait(&bars[kMFull], gc & 1);
+        ptx::wgmma_fence();
+#pragma unroll
+        for (int ks = 0; ks < 4; ++ks) {
+          gmma_rs<OpRS64>(ul[ks], desc_k64(m_buf, ks), accO, true);
+          gmma_rs<OpRS64>(uh[ks], desc_k64(m_buf, ks), accO, true);
         }
         ptx::wgmma_commit();
-        ptx::wgmma_wait<0>();
-        ptx::fence_operands(accU);
-        ptx::fence_operands(accO);
-      }
-      if (lane == 0) {
-        ptx::mbarrier_arrive(&bars[kTbEmpty]);
-        ptx::mbarrier_arrive(&bars[kWEmpty]);
-      }
-      // The warpgroup's reads of its V half are done: load chunk j + 1 into it.
-      ptx::named_barrier_sync(kConsumerBarrier0 + cw, kWarpGroup);
-      if (ctid == 0) {
-        const NextChunk nxt = next_chunk<Cfg::kSlices>(p, num_items, item, item_at<Cfg::kSlices>(p, item), j);
-        if (nxt.ok) issue_v(nxt.it, nxt.j);
-      }
-
-      // ---- O^T += U^T M^T; S^T = S0^T diag(decay) + U^T Kh (U^T as bf16 hi + lo) ----------------
-      uint32_t uh[4][4], ul[4][4];
+        {
+          const float* decay =
+              reinterpret_cast<const float*>(smem + Smem::kDecayOffset) + s * kHeadDim;
 #pragma unroll
-      for (int ks = 0; ks < 4; ++ks) {
-        kdakit::cuda::split_bf16x2(accU[8 * ks], accU[8 * ks + 1], uh[ks][0], ul[ks][0]);
-        kdakit::cuda::split_bf16x2(accU[8 * ks + 2], accU[8 * ks + 3], uh[ks][1], ul[ks][1]);
-        kdakit::cuda::split_bf16x2(accU[8 * ks + 4], accU[8 * ks + 5], uh[ks][2], ul[ks][2]);
-        kdakit::cuda::split_bf16x2(accU[8 * ks + 6], accU[8 * ks + 7], uh[ks][3], ul[ks][3]);
-      }
-      ptx::mbarrier_wait(&bars[kMFull], gc & 1);
-      ptx::wgmma_fence();
-#pragma unroll
-      for (int ks = 0; ks < 4; ++ks) {
-        gmma_rs<OpRS64>(ul[ks], desc_k64(m_buf, ks), accO, true);
-        gmma_rs<OpRS64>(uh[ks], desc_k64(m_buf, ks), accO, true);
-      }
-      ptx::wgmma_commit();
-      {
-        const float* decay = reinterpret_cast<const float*>(smem + Smem::kDecayOffset) + s * kHeadDim;
-#pragma unroll
-        for (int nt = 0; nt < 16; ++nt) {
-          const float2 d = *reinterpret_cast<const float2*>(decay + 8 * nt + 2 * t);
-          state4[nt][0] *= d.x;
-          state4[nt][1] *= d.y;
-          state4[nt][2] *= d.x;
-          state4[nt][3] *= d.y;
+          for (int nt = 0; nt < 16; ++nt) {
+            const float2 d = *reinterpret_cast<const float2*>(decay + 8 * nt + 2 * t);
+            state4[nt][0] *= d.x;
+            state4[nt][1] *= d.y;
+            state4[nt][2] *= d.x;
+            state4[nt][3] *= d.y;
+          }
         }
-      }
-      ptx::wgmma_fence();
+        ptx::wgmma_fence();
 #pragma unroll
-      for (int ks = 0; ks < 4; ++ks) {
-        gmma_rs<OpState>(ul[ks], desc_mn(kh_buf, ks), state, true);
-        gmma_rs<OpState>(uh[ks], desc_mn(kh_buf, ks), state, true);
-      }
-      ptx::wgmma_commit();
-      ptx::wgmma_wait<1>();
-      ptx::fence_operands(accO);
-      if (lane == 0) ptx::mbarrier_arrive(&bars[kMEmpty]);
+        for (int ks = 0; ks < 4; ++ks) {
+          gmma_rs<OpState>(ul[ks], desc_mn(kh_buf, ks), state, true);
+          gmma_rs<OpState>(uh[ks], desc_mn(kh_buf, ks), state, true);
+        }
+        ptx::wgmma_commit();
+        ptx::wgmma_wait<1>();
+        ptx::fence_operands(accO);
+        if (lane == 0) ptx::mbarrier_arrive(&bars[kMEmpty]);
 
-      // ---- O: value rows vrow, vrow + 8 of tokens 8 nt + 2t, +1 ---------------------------------
-      {
-        __nv_bfloat16* o_chunk = p.o + vld(&rec->o_off) + int64_t(j) * kChunk * p.stride_o_t + 16 * w;
-        const bool odd = (g & 1) != 0;
+        // ---- O: value rows vrow, vrow + 8 of tokens 8 nt + 2t, +1 ---------------------------------
+        {
+          __nv_bfloat16* o_chunk =
+              p.o + vld(&rec->o_off) + int64_t(j) * kChunk * p.stride_o_t + 16 * w;
+          const bool odd = (g & 1) != 0;
 #pragma unroll
-        for (int nt = 0; nt < 8; ++nt) {
+          for (int nt = 0; nt < 8; ++nt) {
 #pragma unroll
-          for (int hr = 0; hr < 2; ++hr) {
-            const float c0 = accO[4 * nt + 2 * hr], c1 = accO[4 * nt + 2 * hr + 1];
-            const int tok = 8 * nt + 2 * t;
-            const int row = g + 8 * hr;  // value row within the warp's 16
-            if (p.o_pairs) {
-              // NOTE: lanes g and g ^ 1 swap one value, so each stores two neighbouring value
-              // channels of one token as a 4-byte word.
-              const float other = __shfl_xor_sync(0xffffffffu, odd ? c0 : c1, 4);
-              const int tk = odd ? tok + 1 : tok;
-              if (tk < valid) {
-                const __nv_bfloat162 pair = odd ? __floats2bfloat162_rn(other, c1) : __floats2bfloat162_rn(c0, other);
-                *reinterpret_cast<__nv_bfloat162*>(o_chunk + int64_t(tk) * p.stride_o_t + (row & ~1)) = pair;
+            for (int hr = 0; hr < 2; ++hr) {
+              const float c0 = accO[4 * nt + 2 * hr], c1 = accO[4 * nt + 2 * hr + 1];
+              const int tok = 8 * nt + 2 * t;
+              const int row = g + 8 * hr;  // value row within the warp's 16
+              if (p.o_pairs) {
+                // NOTE: lanes g and g ^ 1 swap one value, so each stores two neighbouring value
+                // channels of one token as a 4-byte word.
+                const float other = __shfl_xor_sync(0xffffffffu, odd ? c0 : c1, 4);
+                const int tk = odd ? tok + 1 : tok;
+                if (tk < valid) {
+                  const __nv_bfloat162 pair =
+                      odd ? __floats2bfloat162_rn(other, c1) : __floats2bfloat162_rn(c0, other);
+                  *reinterpret_cast<__nv_bfloat162*>(o_chunk + int64_t(tk) * p.stride_o_t +
+                                                     (row & ~1)) = pair;
+                }
+              } else {
+                if (tok < valid)
+                  o_chunk[int64_t(tok) * p.stride_o_t + row] = __float2bfloat16_rn(c0);
+                if (tok + 1 < valid)
+                  o_chunk[int64_t(tok + 1) * p.stride_o_t + row] = __float2bfloat16_rn(c1);
               }
-            } else {
-              if (tok < valid) o_chunk[int64_t(tok) * p.stride_o_t + row] = __float2bfloat16_rn(c0);
-              if (tok + 1 < valid) o_chunk[int64_t(tok + 1) * p.stride_o_t + row] = __float2bfloat16_rn(c1);
             }
           }
         }
+        ptx::wgmma_wait<0>();
+        ptx::fence_operands(state);
+        if (lane == 0) ptx::mbarrier_arrive(&bars[kQtKhEmpty + s]);
       }
-      ptx::wgmma_wait<0>();
-      ptx::fence_operands(state);
-      if (lane == 0) ptx::mbarrier_arrive(&bars[kQtKhEmpty + s]);
-    }
 
-    // ---- final state (an empty sequence passes its initial state through bit for bit) ----------
-    if (p.final_state != nullptr) {
-      const int n = vld(&rec->n);
-      int64_t slot = n;
-      if (p.final_state_indices != nullptr) slot = p.final_state_indices[n];
-      if (slot >= 0 && slot < p.num_state_slots)
-        common::store_state(state4,
-                            common::state_at(p.final_state,
-                                             slot * p.stride_final_state_n +
-                                                 int64_t(vld(&rec->h)) * kHeadDim * kHeadDim,
-                                             p.state_bf16),
-                            vrow, t, p);
-    }
-    // The record is rewritten for the next item only after every thread has read it.
-    ptx::named_barrier_sync(kConsumerBarrier0 + cw, kWarpGroup);
+      // ---- final state (an empty sequence passes its initial state through bit for bit) ----------
+      if (p.final_state != nullptr) {
+        const int n = vld(&rec->n);
+        int64_t slot = n;
+        if (p.final_state_indices != nullptr) slot = p.final_state_indices[n];
+        if (slot >= 0 && slot < p.num_state_slots)
+          common::store_state(state4,
+                              common::state_at(p.final_state,
+                                               slot * p.stride_final_state_n +
+                                                   int64_t(vld(&rec->h)) * kHeadDim * kHeadDim,
+                                               p.state_bf16),
+                              vrow, t, p);
+      }
+      // The record is rewritten for the next item only after every thread has read it.
+      ptx::named_barrier_sync(kConsumerBarrier0 + cw, kWarpGroup);
     }
   }
 }
@@ -987,14 +1045,15 @@ __global__ void __launch_bounds__(Config<kConsumers>::kThreads, 1)
 namespace kdakit::sm90::prefill {
 
 template <GateMode kGate, int kConsumers>
-Status launch_prefill_fused(const PrefillParams& p, const WorkspacePlan& plan, const void* workspace, int num_sms,
-                            cudaStream_t stream) {
+Status launch_prefill_fused(const PrefillParams& p, const WorkspacePlan& plan,
+                            const void* workspace, int num_sms, cudaStream_t stream) {
   using namespace fused;
   using Cfg = Config<kConsumers>;
   if (p.num_seqs == 0) return Status::Ok();
   const int64_t num_items = p.num_seqs * p.num_v_heads * Cfg::kSlices;
   if (num_items > int64_t(INT32_MAX) || p.seqlen > int64_t(INT32_MAX) / 2)
-    return Status(StatusCode::kUnsupported, "prefill (fused): N * HV * slices and T must stay below 2^31");
+    return Status(StatusCode::kUnsupported,
+                  "prefill (fused): N * HV * slices and T must stay below 2^31");
   // NOTE: a persistent grid, one CTA per SM (shared memory allows no second): each CTA walks
   // its work items in turn, the producer running into the next item's first chunk.
   const int64_t num_ctas = std::min<int64_t>(num_items, std::max(num_sms, 1));
@@ -1004,7 +1063,8 @@ Status launch_prefill_fused(const PrefillParams& p, const WorkspacePlan& plan, c
   const bool g_tma = p.dtype_g == DType::kBFloat16 && !p.scalar_gate;
   const size_t state_elem = p.dtype_state == DType::kBFloat16 ? 2 : 4;
   auto pairs_ok = [&](const void* ptr, int64_t stride) {
-    return ptr == nullptr || (reinterpret_cast<uintptr_t>(ptr) % (2 * state_elem) == 0 && stride % 2 == 0);
+    return ptr == nullptr ||
+           (reinterpret_cast<uintptr_t>(ptr) % (2 * state_elem) == 0 && stride % 2 == 0);
   };
 
   KernelParams kp{};
@@ -1032,16 +1092,17 @@ Status launch_prefill_fused(const PrefillParams& p, const WorkspacePlan& plan, c
   kp.stride_o_b = p.stride_o_b;
   kp.stride_o_t = p.stride_o_t;
   kp.stride_o_h = p.stride_o_h;
-  kp.o_pairs = reinterpret_cast<uintptr_t>(p.o) % 4 == 0 && p.stride_o_t % 2 == 0 && p.stride_o_h % 2 == 0 &&
-               (packed || p.stride_o_b % 2 == 0);
+  kp.o_pairs = reinterpret_cast<uintptr_t>(p.o) % 4 == 0 && p.stride_o_t % 2 == 0 &&
+               p.stride_o_h % 2 == 0 && (packed || p.stride_o_b % 2 == 0);
   kp.initial_state = p.initial_state;
   kp.initial_state_indices = p.initial_state_indices;
   kp.stride_initial_state_n = p.stride_initial_state_n;
   kp.final_state = p.final_state;
   kp.final_state_indices = p.final_state_indices;
   kp.stride_final_state_n = p.stride_final_state_n;
-  kp.num_state_slots = (p.initial_state_indices != nullptr || p.final_state_indices != nullptr) ? p.num_state_slots
-                                                                                                 : p.num_seqs;
+  kp.num_state_slots = (p.initial_state_indices != nullptr || p.final_state_indices != nullptr)
+                           ? p.num_state_slots
+                           : p.num_seqs;
   kp.chunk_states = p.chunk_states;
   kp.num_chunk_states = p.num_chunk_states;
   kp.chunk_state_indices = p.chunk_state_indices;
@@ -1067,31 +1128,37 @@ Status launch_prefill_fused(const PrefillParams& p, const WorkspacePlan& plan, c
   const uint64_t batch = packed ? 1 : uint64_t(std::max<int64_t>(p.batch, 1));
   auto bstride = [&](int64_t sb, int64_t st) { return packed ? st * int64_t(tokens) : sb; };
   TmaParams tma{};
-  Status st = common::encode_activation_map(&tma.q, p.q, kHeadDim, uint64_t(p.num_qk_heads), tokens, batch,
-                                            p.stride_q_h, p.stride_q_t, bstride(p.stride_q_b, p.stride_q_t), "q");
+  Status st = common::encode_activation_map(&tma.q, p.q, kHeadDim, uint64_t(p.num_qk_heads), tokens,
+                                            batch, p.stride_q_h, p.stride_q_t,
+                                            bstride(p.stride_q_b, p.stride_q_t), "q");
   if (st.ok())
-    st = common::encode_activation_map(&tma.k, p.k, kHeadDim, uint64_t(p.num_qk_heads), tokens, batch, p.stride_k_h,
-                                       p.stride_k_t, bstride(p.stride_k_b, p.stride_k_t), "k");
+    st = common::encode_activation_map(&tma.k, p.k, kHeadDim, uint64_t(p.num_qk_heads), tokens,
+                                       batch, p.stride_k_h, p.stride_k_t,
+                                       bstride(p.stride_k_b, p.stride_k_t), "k");
   if (st.ok())
-    st = common::encode_activation_map(&tma.v, p.v, kHeadDim, uint64_t(p.num_v_heads), tokens, batch, p.stride_v_h,
-                                       p.stride_v_t, bstride(p.stride_v_b, p.stride_v_t), "v");
+    st = common::encode_activation_map(&tma.v, p.v, kHeadDim, uint64_t(p.num_v_heads), tokens,
+                                       batch, p.stride_v_h, p.stride_v_t,
+                                       bstride(p.stride_v_b, p.stride_v_t), "v");
   if (st.ok() && g_tma)
-    st = common::encode_activation_map(&tma.g, p.g, kHeadDim, uint64_t(p.num_v_heads), tokens, batch, p.stride_g_h,
-                                       p.stride_g_t, bstride(p.stride_g_b, p.stride_g_t), "g");
+    st = common::encode_activation_map(&tma.g, p.g, kHeadDim, uint64_t(p.num_v_heads), tokens,
+                                       batch, p.stride_g_h, p.stride_g_t,
+                                       bstride(p.stride_g_b, p.stride_g_t), "g");
   if (!st.ok()) return st;
 
   auto kernel = kda_prefill_fused_sm90_kernel<kGate, kConsumers>;
   constexpr int kSmem = int(SharedMemoryPlan::kAllocBytes);
   // NOTE: per function and process; setting it once keeps driver calls off the run path.
-  static const cudaError_t attr_err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
+  static const cudaError_t attr_err =
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
   if (attr_err != cudaSuccess)
     return Status(StatusCode::kCudaError, std::string("fused/kernel.cuh: cudaFuncSetAttribute: ") +
                                               cudaGetErrorString(attr_err));
   kernel<<<unsigned(num_ctas), Cfg::kThreads, kSmem, stream>>>(kp, tma);
   const cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess)
-    return Status(StatusCode::kCudaError, std::string("fused/kernel.cuh: kda_prefill_fused_sm90_kernel launch: ") +
-                                              cudaGetErrorString(err));
+    return Status(StatusCode::kCudaError,
+                  std::string("fused/kernel.cuh: kda_prefill_fused_sm90_kernel launch: ") +
+                      cudaGetErrorString(err));
   return Status::Ok();
 }
 

@@ -28,7 +28,7 @@ static_assert(fused_consumers(1, 96, 132) == 2 && fused_consumers(1, 64, 132) ==
 // Reads the plan region of `workspace` (laid out per `plan`); writes o, the final state and the
 // optional chunk states of `p`. A persistent grid of min(work items, num_sms) CTAs.
 template <GateMode kGate, int kConsumers>
-Status launch_prefill_fused(const PrefillParams& p, const WorkspacePlan& plan, const void* workspace, int num_sms,
-                            cudaStream_t stream);
+Status launch_prefill_fused(const PrefillParams& p, const WorkspacePlan& plan,
+                            const void* workspace, int num_sms, cudaStream_t stream);
 
 }  // namespace kdakit::sm90::prefill
