@@ -30,6 +30,20 @@ void set_options(Params &p, const std::string &gate, const std::string &state_la
 // A_log, dt_bias and cu_seqlens, and fills sizes, pointers, dtypes and strides;
 // p.scalar_gate must be set. N = B without cu_seqlens, len(cu_seqlens) - 1
 // with.
+// cu_seqlens (when given): device, rank, contiguity, dtype; sets num_seqs to its length - 1.
+template <typename Params>
+void fill_cu_seqlens(Params &p, Placement &where, const OptIn &cu_seqlens_in) {
+  if (!cu_seqlens_in) return;
+  const ArrayView c = view("cu_seqlens", *cu_seqlens_in);
+  expect_same_device(where, c);
+  expect_rank(c, 1, "[N + 1]");
+  if (c.size(0) < 1) raise_value_error("cu_seqlens: expected at least one offset, got none");
+  expect_contiguous_from(c, 0, "cu_seqlens");
+  p.dtype_cu_seqlens = expect_dtype(c, {DType::kInt32, DType::kInt64});
+  p.cu_seqlens = c.data;
+  p.num_seqs = c.size(0) - 1;
+}
+
 template <typename Params>
 void fill_activations(Params &p, Placement &where, const ArrayView &q, const ArrayView &k,
                       const ArrayView &v, const ArrayView &g, const ArrayView &beta,
@@ -115,16 +129,7 @@ void fill_activations(Params &p, Placement &where, const ArrayView &q, const Arr
 
   // --- packed batch
   p.num_seqs = p.batch;
-  if (cu_seqlens_in) {
-    const ArrayView c = view("cu_seqlens", *cu_seqlens_in);
-    expect_same_device(where, c);
-    expect_rank(c, 1, "[N + 1]");
-    if (c.size(0) < 1) raise_value_error("cu_seqlens: expected at least one offset, got none");
-    expect_contiguous_from(c, 0, "cu_seqlens");
-    p.dtype_cu_seqlens = expect_dtype(c, {DType::kInt32, DType::kInt64});
-    p.cu_seqlens = c.data;
-    p.num_seqs = c.size(0) - 1;
-  }
+  fill_cu_seqlens(p, where, cu_seqlens_in);
 }
 
 }  // namespace kdakit::bindings

@@ -62,16 +62,7 @@ void prefill_plan_entry(OptIn cu_seqlens_in, OutArray workspace_in, int64_t batc
                         int64_t num_v_heads, uintptr_t stream) {
   Placement where;
   PrefillParams p = batch_params(batch, seqlen, batch, num_v_heads);
-  if (cu_seqlens_in) {
-    const ArrayView c = view("cu_seqlens", *cu_seqlens_in);
-    expect_same_device(where, c);
-    expect_rank(c, 1, "[N + 1]");
-    if (c.size(0) < 1) raise_value_error("cu_seqlens: expected at least one offset, got none");
-    expect_contiguous_from(c, 0, "cu_seqlens");
-    p.dtype_cu_seqlens = expect_dtype(c, {DType::kInt32, DType::kInt64});
-    p.cu_seqlens = c.data;
-    p.num_seqs = c.size(0) - 1;
-  }
+  fill_cu_seqlens(p, where, cu_seqlens_in);
   fill_workspace(p, where, workspace_in);
   if (!where.is_cuda()) {
     raise_value_error("workspace: prefill_plan runs on CUDA arrays; the CPU backend needs no plan");
