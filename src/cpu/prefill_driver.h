@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <optional>
 #include <vector>
 
 #include "cpu/layout.h"
@@ -54,12 +55,14 @@ class ChunkStateSink {
 // the recurrence over the non-empty sequence `range` for value head h, starting from S
 // ([K * V], S[i * V + j]) and leaving the final state in S; it writes the outputs and the
 // chunk states (when sink.enabled()).
+// dtype_o, when given, is the storage dtype of p.o instead of dtype_qkv (same element strides).
 template <class SequenceFn>
-Status run_prefill(const PrefillParams& p, SequenceFn&& run_sequence) {
+Status run_prefill(const PrefillParams& p, SequenceFn&& run_sequence, std::optional<DType> dtype_o = std::nullopt) {
   const Status status = validate(p);
   if (!status.ok()) return status;
 
-  const KdaProblem m = make_problem(p);
+  KdaProblem m = make_problem(p);
+  if (dtype_o.has_value()) m.dtype_o = *dtype_o;
   const StateFormat format{p.dtype_state, p.state_layout, p.num_v_heads, p.head_dim_k,
                            p.head_dim_v};
   const StateFormat chunk_format{chunk_states_dtype(p), p.state_layout, p.num_v_heads, p.head_dim_k,

@@ -19,6 +19,7 @@
 #include "cpu/parallel.h"
 #include "cpu/prefill_driver.h"
 #include "cpu/preprocess.h"
+#include "cpu/reference.h"
 #include "cpu/state_io.h"
 #include "kdakit/kdakit.h"
 
@@ -77,19 +78,27 @@ void step(const KdaProblem& m, int64_t b, int64_t t, int32_t h, double* S, Token
   for (int32_t j = 0; j < V; ++j) store_from_double(m.o, m.dtype_o, o_base + j, out[j]);
 }
 
+Status prefill_reference_impl(const PrefillParams& p, std::optional<DType> dtype_o) {
+  const int64_t interval = p.chunk_state_interval;
+  return run_prefill(
+      p,
+      [interval](const KdaProblem& m, SeqRange range, int32_t h, double* S, const ChunkStateSink& sink) {
+        TokenScratch scratch(m);
+        for (int64_t t = range.begin; t < range.end; ++t) {
+          const int64_t local = t - range.begin;
+          if (sink.enabled() && local % interval == 0) sink(local / interval, S);
+          step(m, range.row, t, h, S, scratch);
+        }
+      },
+      dtype_o);
+}
+
 }  // namespace
 
-Status prefill_reference(const PrefillParams& p) {
-  const int64_t interval = p.chunk_state_interval;
-  return run_prefill(p, [interval](const KdaProblem& m, SeqRange range, int32_t h, double* S,
-                                   const ChunkStateSink& sink) {
-    TokenScratch scratch(m);
-    for (int64_t t = range.begin; t < range.end; ++t) {
-      const int64_t local = t - range.begin;
-      if (sink.enabled() && local % interval == 0) sink(local / interval, S);
-      step(m, range.row, t, h, S, scratch);
-    }
-  });
+Status prefill_reference(const PrefillParams& p) { return prefill_reference_impl(p, std::nullopt); }
+
+Status prefill_reference_fp32_output(const PrefillParams& p) {
+  return prefill_reference_impl(p, DType::kFloat32);
 }
 
 Status decode_reference(const DecodeParams& p) {

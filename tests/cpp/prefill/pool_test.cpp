@@ -83,7 +83,7 @@ TEST_P(PrefillPoolGpu, MatchesFloat64Reference) {
   const Status st = run_prefill_on_gpu(c, gpu);
   ASSERT_TRUE(st.ok()) << st.message();
   PrefillTensors ref = inputs;
-  ASSERT_TRUE(run_prefill_on_host(cpu::prefill_reference, c, ref).ok());
+  ASSERT_TRUE(run_reference_fp32_output(c, ref).ok());
 
   EXPECT_TRUE(rel_l2_below("o", gpu.o, ref.o, kOutputBar));
   const HostTensor& got_pool = final_state_of(c, gpu);
@@ -152,7 +152,7 @@ TEST_P(PrefillPiecesGpu, EqualsOnePrefill) {
   EXPECT_TRUE(o.nonfinite_mismatch < 0 && o.rel_l2 <= kOutputBar) << o.str();
   EXPECT_TRUE(final_state.nonfinite_mismatch < 0 && final_state.rel_l2 <= bar) << final_state.str();
 
-  ASSERT_TRUE(run_prefill_on_host(cpu::prefill_reference, p.whole, ref).ok());
+  ASSERT_TRUE(run_reference_fp32_output(p.whole, ref).ok());
   EXPECT_TRUE(rel_l2_below("o vs reference", p.whole_t.o, ref.o, kOutputBar));
   EXPECT_TRUE(rel_l2_below("final vs reference", p.whole_t.final_state, ref.final_state, bar));
   EXPECT_TRUE(rel_l2_below("boundary vs reference", p.whole_t.chunk_states, ref.chunk_states, bar));

@@ -152,7 +152,7 @@ void expect_layer_matches(const PrefillCase& c, const PrefillTensors& inputs,
                           const PrefillTensors& got, const std::string& what) {
   SCOPED_TRACE(what);
   PrefillTensors ref = inputs;
-  ASSERT_TRUE(run_prefill_on_host(cpu::prefill_reference, c, ref).ok());
+  ASSERT_TRUE(run_reference_fp32_output(c, ref).ok());
   EXPECT_TRUE(rel_l2_below("o", got.o, ref.o, 4e-3));
   const double state_bar = c.dtype_state == DType::kBFloat16 ? 8e-3 : 2e-3;
   const HostTensor& got_final = final_state_of(c, got);
