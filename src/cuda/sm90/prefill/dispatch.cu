@@ -26,8 +26,9 @@
 namespace kdakit::sm90 {
 namespace {
 
-prefill::WorkspacePlan plan_for(const PrefillParams& p) {
-  return prefill::make_workspace_plan(p.batch, p.seqlen, p.num_seqs, p.cu_seqlens != nullptr, p.num_v_heads);
+prefill::WorkspacePlan plan_for(const PrefillParams& p, int32_t segment_chunks = 0) {
+  return prefill::make_workspace_plan(p.batch, p.seqlen, p.num_seqs, p.cu_seqlens != nullptr, p.num_v_heads,
+                                      segment_chunks);
 }
 
 // SM count of the current device, read once per device (a host attribute query, no sync).
@@ -85,6 +86,62 @@ int fused_consumers_override() {
 
 PrefillPath forced_path() { return path_override != PrefillPath::kAuto ? path_override : forced_path_env(); }
 
+// KDAKIT_PREFILL_SEGMENTS forces the two-kernel path's segments (tests, benchmarks):
+// "0" whole sequences, "L" segments of L chunks, "L:rows:summary_rows" also the value rows per
+// CTA of the recurrence (16..128) and of the summary pass (64 or 128). Unset: the cost model.
+struct ForcedSegments {
+  bool set = false;
+  int32_t chunks = 0;
+  int rows = 0;
+  int summary_rows = 0;
+};
+ForcedSegments segments_override;
+ForcedSegments forced_segments() {
+  if (segments_override.set) return segments_override;
+  static const ForcedSegments f = [] {
+    ForcedSegments r;
+    const char* env = std::getenv("KDAKIT_PREFILL_SEGMENTS");
+    if (env == nullptr || *env == '\0') return r;
+    int l = 0, rows = 0, srows = 0;
+    const int got = std::sscanf(env, "%d:%d:%d", &l, &rows, &srows);
+    if (got < 1 || l < 0) return r;
+    r.set = true;
+    r.chunks = l;
+    if (got >= 2 && (rows == 16 || rows == 32 || rows == 64 || rows == 128)) r.rows = rows;
+    if (got >= 3 && (srows == 64 || srows == 128)) r.summary_rows = srows;
+    return r;
+  }();
+  return f;
+}
+
+// The two-kernel path's segments for this call (cost model in recurrence/launch.h, or forced).
+prefill::SegmentChoice segment_choice(const PrefillParams& p) {
+  const bool packed = p.cu_seqlens != nullptr;
+  prefill::SegmentChoice c =
+      prefill::choose_segments(p.batch, p.seqlen, p.num_seqs, packed, p.num_v_heads, current_num_sms());
+  const ForcedSegments f = forced_segments();
+  if (f.set) {
+    if (f.chunks == 0) {
+      c.segment_chunks = 0;
+      c.rows = prefill::recurrence_value_rows(p.num_seqs, p.num_v_heads, current_num_sms());
+    } else {
+      if (c.segment_chunks == 0) c.rows = 64, c.summary_rows = 128;
+      c.segment_chunks = f.chunks;
+    }
+    if (f.rows != 0) c.rows = f.rows;
+    if (f.summary_rows != 0) c.summary_rows = f.summary_rows;
+  }
+  return c;
+}
+
+// Segment length the workspace is sized for when only the batch sizes are known: the shortest
+// the cost model picks (16 chunks: the most slots), for sequences long enough to be segmented.
+int32_t sizing_segment_chunks(const PrefillParams& p) {
+  const ForcedSegments f = forced_segments();
+  if (f.set) return f.chunks;
+  return (p.seqlen + prefill::kChunk - 1) / prefill::kChunk > 16 ? 16 : 0;
+}
+
 // NOTE: the fused kernel is the default only for batches of short sequences, where it measured
 // faster than the two-kernel path on the H200 (2026-12-01: H96 64 x 128 2.20 vs 2.27 ms, 32 x 256
 // 4.10 vs 4.36, 16 x 512 8.09 vs 8.18 token-serial). On long sequences its producer warpgroup
@@ -109,19 +166,32 @@ bool use_fused(const PrefillParams& p) {
 
 void set_prefill_path(PrefillPath path) { path_override = path; }
 
+void set_prefill_segments(int32_t segment_chunks, int rows) {
+  segments_override = ForcedSegments{};
+  if (segment_chunks < 0) return;
+  segments_override.set = true;
+  segments_override.chunks = segment_chunks;
+  if (rows == 16 || rows == 32 || rows == 64 || rows == 128) segments_override.rows = rows;
+}
+
 // NOTE: the fused path reads only the plan region; the chunk blocks (90 KB per chunk and head)
 // are the two-kernel path's. Sized from the batch fields alone (no tensors, head dims unset:
 // prefill_plan, engines sizing one buffer for their largest batch), the answer is the two-kernel
 // path's, which covers every batch of at most those sizes whichever path it takes (a smaller
 // N can move a batch from the fused path to the two-kernel one). Queried with a call's tensors,
 // the answer is that call's path's.
+// NOTE: segments (few heads, long sequences) add a segment area after the chunk blocks, at most
+// 128 KiB per 16 chunks and head (~9% of the blocks); a batch-only query includes it at its
+// largest, so one buffer sized for the largest batch covers every smaller one.
 size_t prefill_workspace_size(const PrefillParams& p) {
-  const prefill::WorkspacePlan plan = plan_for(p);
   const bool batch_only = p.q == nullptr && p.head_dim_k == 0;
   const PrefillPath f = forced_path();
-  if (f == PrefillPath::kChunked) return plan.total_bytes;
-  if (batch_only) return f == PrefillPath::kFused ? plan.chunk_blocks_offset : plan.total_bytes;
-  return use_fused(p) ? plan.chunk_blocks_offset : plan.total_bytes;
+  if (batch_only) {
+    const prefill::WorkspacePlan plan = plan_for(p, sizing_segment_chunks(p));
+    return f == PrefillPath::kFused ? plan.chunk_blocks_offset : plan.total_bytes;
+  }
+  if (f != PrefillPath::kChunked && use_fused(p)) return plan_for(p).chunk_blocks_offset;
+  return plan_for(p, segment_choice(p).segment_chunks).total_bytes;
 }
 
 Status run_prefill(const PrefillParams& p, cudaStream_t stream) {
@@ -137,8 +207,8 @@ Status run_prefill(const PrefillParams& p, cudaStream_t stream) {
 
   const bool print = std::getenv("KDAKIT_PRINT_CONFIGS") != nullptr;
   const PrefillPath forced = forced_path();
-  const prefill::WorkspacePlan plan = plan_for(p);
   if (use_fused(p)) {
+    const prefill::WorkspacePlan plan = plan_for(p);
     const size_t need = plan.chunk_blocks_offset;
     if (p.workspace == nullptr || p.workspace_bytes < need)
       return Status(StatusCode::kInvalidArgument, "workspace: expected at least " + std::to_string(need) +
@@ -178,6 +248,8 @@ Status run_prefill(const PrefillParams& p, cudaStream_t stream) {
     if (st.code() != StatusCode::kUnsupported) return st;
   }
 
+  const prefill::SegmentChoice seg = segment_choice(p);
+  const prefill::WorkspacePlan plan = plan_for(p, seg.segment_chunks);
   if (p.workspace == nullptr || p.workspace_bytes < plan.total_bytes)
     return Status(StatusCode::kInvalidArgument,
                   "workspace: expected at least " + std::to_string(plan.total_bytes) + " bytes, got " +
@@ -193,10 +265,20 @@ Status run_prefill(const PrefillParams& p, cudaStream_t stream) {
   st = prefill::launch_prefill_prep(p, plan, p.workspace, stream);
   if (!st.ok()) return st;
 
-  const int rows = prefill::recurrence_value_rows(p.num_seqs, p.num_v_heads, current_num_sms());
+  const int rows = seg.rows;
   if (print)
-    std::fprintf(stderr, "kdakit prefill: N=%lld HV=%d max_chunks=%lld recurrence value_rows=%d\n",
-                 (long long)p.num_seqs, p.num_v_heads, (long long)plan.max_chunks, rows);
+    std::fprintf(stderr,
+                 "kdakit prefill: N=%lld HV=%d max_chunks=%lld recurrence value_rows=%d segment_chunks=%d "
+                 "(summary rows %d; model %.0f us, whole sequences %.0f us)\n",
+                 (long long)p.num_seqs, p.num_v_heads, (long long)plan.max_chunks, rows, seg.segment_chunks,
+                 seg.summary_rows, seg.predicted_us, seg.unsegmented_us);
+  if (plan.segment_chunks > 0) {
+    st = seg.summary_rows == 64 ? prefill::launch_prefill_summaries<64>(p, plan, p.workspace, stream)
+                                : prefill::launch_prefill_summaries<128>(p, plan, p.workspace, stream);
+    if (!st.ok()) return st;
+    st = prefill::launch_prefill_combine(p, plan, p.workspace, stream);
+    if (!st.ok()) return st;
+  }
   switch (rows) {
     case 16: return prefill::launch_prefill_recurrence<16>(p, plan, p.workspace, stream);
     case 32: return prefill::launch_prefill_recurrence<32>(p, plan, p.workspace, stream);

@@ -2,6 +2,8 @@
 // the API layer (src/api/prefill.cpp) calls after kdakit::validate() has passed.
 #pragma once
 
+#include <cstdint>
+
 #include "kdakit/kdakit.h"
 
 namespace kdakit::sm90 {
@@ -11,6 +13,11 @@ enum class PrefillPath { kAuto, kFused, kChunked, kTokenSerial };
 // For tests and tools that compare paths in one process: forces `path` for later calls (and
 // workspace size queries); kAuto removes the override. Not for concurrent use.
 void set_prefill_path(PrefillPath path);
+// The same for the two-kernel path's segments (few heads, long sequences): segment_chunks > 0
+// cuts sequences into segments of that many chunks, 0 runs whole sequences, < 0 removes the
+// override (the cost model decides; KDAKIT_PREFILL_SEGMENTS too). rows: the recurrence's value
+// rows per CTA (16, 32, 64, 128; else the model's).
+void set_prefill_segments(int32_t segment_chunks, int rows = 0);
 
 // Device workspace bytes run_prefill needs for these sizes (reads no device memory).
 size_t prefill_workspace_size(const PrefillParams& p);

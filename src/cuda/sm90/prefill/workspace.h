@@ -47,9 +47,36 @@ static_assert(kChunkBlockBytes % 128 == 0, "chunk blocks must stay 128-byte alig
 //   int32 chunk_seq[max_chunks]       sequence of each global chunk (-1 past the total)
 //   int64 seq_start[N]                first token (row offset within batch row / packed row)
 //   int32 seq_len[N]                  tokens of each sequence (0 for an empty one)
-// followed, 128-byte aligned, by the chunk blocks.
+// followed, 128-byte aligned, by the chunk blocks and, when the call splits its sequences into
+// segments (segment_chunks > 0), by the segment area.
 // max_chunks bounds the total for any cu_seqlens of this T and N without reading it:
 //   fixed batch: B * ceil(T / 64);  packed: ceil(T / 64) + N.
+//
+// ---- segments (few heads, long sequences; docs/design/20261201-prefill-segments.md)
+// A sequence of nc chunks is cut into nseg = max(1, ceil(nc / Ls)) segments of Ls =
+// segment_chunks chunks (the last one shorter). Over a segment the state map is affine,
+//   S_end^T = S_start^T Phi + Psi      (S^T: V x K, Phi: K x K, Psi: V x K),
+// Psi the end state from a zero start, Phi the end state from S_start^T = I with U0 = 0. The
+// summary pass writes (Psi, Phi) of every segment but the last, the combine pass chains them
+// into each segment's start state, and the recurrence reruns every segment from its start state.
+// Slot of full segment s of sequence n (global chunks [c0 + s Ls, c0 + (s + 1) Ls), c0 =
+// chunk_offsets[n]): the one multiple of Ls in that range, over Ls, so slots of different
+// segments never collide and slot < max_chunks / Ls + 1. Per (slot, value head), kSegmentBytes:
+//   Psi  fp32 [128][128] V-first; the combine pass overwrites it with the start state of
+//        segment s + 1
+//   Phi  bf16 hi [128][128] then lo [128][128], each as two column halves [2][128 rows][64]
+//        with 16-byte chunk c of row r at c ^ (r % 8) (the combine pass's ldmatrix image); the
+//        combine pass overwrites slot(n, 0)'s with segment 0's start state (fp32 [128][128]),
+//        so that no recurrence CTA reads the caller's initial state, which the last segment's
+//        CTA may overwrite in place.
+struct SegmentLayout {
+  static constexpr size_t kPsiOffset = 0;
+  static constexpr size_t kPhiHiOffset = kPsiOffset + kHeadDim * kHeadDim * 4;
+  static constexpr size_t kPhiLoOffset = kPhiHiOffset + kHeadDim * kHeadDim * 2;
+  static constexpr size_t kBytes = kPhiLoOffset + kHeadDim * kHeadDim * 2;  // 128 KiB
+};
+inline constexpr size_t kSegmentBytes = SegmentLayout::kBytes;
+
 struct WorkspacePlan {
   int64_t num_seqs;
   int64_t max_chunks;
@@ -59,13 +86,17 @@ struct WorkspacePlan {
   size_t seq_start_offset;
   size_t seq_len_offset;
   size_t chunk_blocks_offset;
+  int32_t segment_chunks;     // Ls; 0 = whole sequences (no segment area)
+  int32_t max_segments;       // segments of the longest possible sequence (1 without segments)
+  int64_t num_segment_slots;  // max_chunks / Ls + 1
+  size_t segments_offset;
   size_t total_bytes;
 };
 
 inline constexpr size_t align_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
 
 inline WorkspacePlan make_workspace_plan(int64_t batch, int64_t seqlen, int64_t num_seqs,
-                                         bool packed, int32_t num_v_heads) {
+                                         bool packed, int32_t num_v_heads, int32_t segment_chunks = 0) {
   WorkspacePlan w{};
   w.num_seqs = num_seqs;
   const int64_t chunks_per_row = (seqlen + kChunk - 1) / kChunk;
@@ -81,7 +112,14 @@ inline WorkspacePlan make_workspace_plan(int64_t batch, int64_t seqlen, int64_t 
   w.seq_len_offset = off;
   off = align_up(off + sizeof(int32_t) * size_t(num_seqs), 128);
   w.chunk_blocks_offset = off;
-  w.total_bytes = off + size_t(w.max_chunks) * size_t(num_v_heads) * kChunkBlockBytes;
+  off += size_t(w.max_chunks) * size_t(num_v_heads) * kChunkBlockBytes;
+  // a sequence has at most ceil(T / 64) chunks in either form
+  w.segment_chunks = segment_chunks > 0 ? segment_chunks : 0;
+  w.max_segments = w.segment_chunks > 0 ? int32_t((chunks_per_row + w.segment_chunks - 1) / w.segment_chunks) : 1;
+  if (w.max_segments < 1) w.max_segments = 1;
+  w.num_segment_slots = w.segment_chunks > 0 ? w.max_chunks / w.segment_chunks + 1 : 0;
+  w.segments_offset = off;
+  w.total_bytes = off + size_t(w.num_segment_slots) * size_t(num_v_heads) * kSegmentBytes;
   return w;
 }
 

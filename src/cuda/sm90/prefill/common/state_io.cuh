@@ -121,6 +121,9 @@ struct StateView {
   bool state_pairs;
 };
 
+// The segment area's states (workspace.h): fp32, V-first, aligned pairs.
+__device__ __forceinline__ StateView segment_state_view() { return StateView{false, false, true}; }
+
 // Element offset of chunk-state entry `entry` of value head h in chunk_states, or -1 to skip it:
 // row = entry (dense) or chunk_state_indices[entry] (pool rows; out of range: skipped), rows
 // stride_chunk_states_n apart (0: dense, HV * K * V).

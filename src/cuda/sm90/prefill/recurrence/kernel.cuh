@@ -86,7 +86,27 @@ struct KernelParams {
   bool state_bf16;
   bool k_first;
   bool state_pairs;  // two neighbouring key channels of a V-first state are one aligned load
+
+  // segments (workspace.h): segment_chunks = 0 runs whole sequences (max_segments = 1)
+  uint8_t* segments;              // the segment area
+  int64_t num_segment_slots;
+  int32_t segment_chunks;
+  int32_t max_segments;           // grid extent of the segment index
 };
+
+// Slot of full segment s of a sequence whose chunks start at global chunk c0 (workspace.h).
+__device__ __forceinline__ int64_t segment_slot(int c0, int s, int ls) {
+  return (int64_t(c0) + int64_t(s) * ls + ls - 1) / ls;
+}
+__device__ __forceinline__ uint8_t* segment_at(const KernelParams& p, int64_t slot, int h) {
+  return p.segments + (size_t(slot) * p.num_v_heads + h) * kSegmentBytes;
+}
+
+// Byte offset of element (row, col) of a [128][128] bf16 Phi image (two swizzled column halves).
+__device__ __forceinline__ uint32_t phi_offset(int row, int col) {
+  return uint32_t(col >> 6) * (kHeadDim * 128u) + uint32_t(row) * 128u +
+         uint32_t((((col >> 3) & 7) ^ (row & 7)) << 4) + uint32_t(col & 7) * 2u;
+}
 
 struct TmaParams {
   CUtensorMap qwk;  // bf16 [blocks][192 rows = Qt|W|Kh][128], box 64 cols x 192 rows, 128B swizzle
@@ -107,7 +127,11 @@ __device__ __forceinline__ uint32_t m_addr(uint32_t base, int row, int chunk16) 
 }
 
 // ---- the kernel -------------------------------------------------------------------------------
-template <int kValueRows>
+// kSummary: the summary pass (workspace.h, segments). CTA z < kSlices runs value slice z from a
+// zero state (Psi), z >= kSlices runs key rows of Phi from the identity with U0 = 0; neither
+// writes o, chunk states or the final state, and both skip the output's products. Otherwise
+// the recurrence proper over one segment (the whole sequence without segments).
+template <int kValueRows, bool kSummary>
 __global__ void __launch_bounds__(Config<kValueRows>::kThreads) __maxnreg__(Config<kValueRows>::kMaxRegisters)
     kda_prefill_recurrence_sm90_kernel(const __grid_constant__ KernelParams p,
                                        const __grid_constant__ TmaParams tma) {
@@ -116,25 +140,43 @@ __global__ void __launch_bounds__(Config<kValueRows>::kThreads) __maxnreg__(Conf
   constexpr int kStages = Cfg::kStages;
 
   extern __shared__ uint8_t smem_raw[];
-  uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+  // NOTE: rounded up by pointer arithmetic on smem_raw, not through an integer: the compiler then
+  // still knows every access below is to shared memory (an integer round trip made the u0,
+  // decay and output-tile accesses generic loads and stores).
+  uint8_t* smem = smem_raw + ((1024u - (ptx::smem_addr(smem_raw) & 1023u)) & 1023u);
   uint64_t* full = reinterpret_cast<uint64_t*>(smem + Smem::kBarrierOffset);
   uint64_t* empty = full + kStages;
 
   // NOTE: the slices of one (sequence, head) are neighbours in launch order, so they run at the
   // same time and the second one reads the shared Qt/W/Kh/M of each chunk from L2.
+  // Grid order (fastest first): slice z, segment, value head, sequence.
+  constexpr int kZ = kSummary ? 2 * Cfg::kSlices : Cfg::kSlices;
   const int64_t cta = blockIdx.x;
-  const int v0 = int(cta % Cfg::kSlices) * kValueRows;
-  const int h = int((cta / Cfg::kSlices) % p.num_v_heads);
-  const int n = int(cta / Cfg::kSlices / p.num_v_heads);
+  const int z = int(cta % kZ);
+  const int64_t rest = cta / kZ;
+  const int seg = int(rest % p.max_segments);
+  const int h = int((rest / p.max_segments) % p.num_v_heads);
+  const int n = int(rest / p.max_segments / p.num_v_heads);
+  const bool phi_run = kSummary && z >= Cfg::kSlices;
+  const int v0 = (z % Cfg::kSlices) * kValueRows;
   const int warp = threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   const int HV = p.num_v_heads;
 
   // NOTE: plan values are device data: clamp them so that no load leaves the workspace.
   int chunk_begin = p.chunk_offsets[n];
-  int num_chunks = p.chunk_offsets[n + 1] - chunk_begin;
+  int seq_chunks = p.chunk_offsets[n + 1] - chunk_begin;
   chunk_begin = max(0, min(chunk_begin, int(p.max_chunks)));
-  num_chunks = max(0, min(num_chunks, int(p.max_chunks) - chunk_begin));
+  seq_chunks = max(0, min(seq_chunks, int(p.max_chunks) - chunk_begin));
+
+  // This CTA's chunks [j_begin, j_begin + num_chunks) of the sequence: segment seg. The summary
+  // pass has no work for the last segment, the recurrence none past it (the whole grid's
+  // early exits are uniform per CTA, before any barrier).
+  const int ls = p.segment_chunks > 0 ? p.segment_chunks : max(seq_chunks, 1);
+  const int nseg = max(1, (seq_chunks + ls - 1) / ls);
+  if (kSummary ? seg >= nseg - 1 : seg >= nseg) return;
+  const int j_begin = seg * ls;
+  const int num_chunks = min(seq_chunks - j_begin, ls);
 
   if (threadIdx.x == 0) {
     #pragma unroll
@@ -150,7 +192,7 @@ __global__ void __launch_bounds__(Config<kValueRows>::kThreads) __maxnreg__(Conf
   auto issue_chunk = [&](int j) {
     const int s = j % kStages;
     uint8_t* stage = smem + s * Smem::kStageBytes;
-    const int block = (chunk_begin + j) * HV + h;
+    const int block = (chunk_begin + j_begin + j) * HV + h;
     ptx::mbarrier_arrive_expect_tx(&full[s], Smem::kStageTxBytes);
     ptx::tma_load_3d(stage + Smem::kQwkOffset, &tma.qwk, &full[s], 0, 0, block);
     ptx::tma_load_3d(stage + Smem::kQwkOffset + Smem::kQwkBytes / 2, &tma.qwk, &full[s], 64, 0, block);
@@ -175,7 +217,23 @@ __global__ void __launch_bounds__(Config<kValueRows>::kThreads) __maxnreg__(Conf
   const int64_t head_elems = int64_t(h) * kHeadDim * kHeadDim;
 
   float state[16][4];
-  {
+  if (kSummary) {
+    // Psi from zeros; Phi from the identity (row vrow of I in the fragment layout)
+    #pragma unroll
+    for (int j = 0; j < 16; ++j) {
+      const int k = 8 * j + 2 * quad;
+      state[j][0] = phi_run && k == vrow ? 1.f : 0.f;
+      state[j][1] = phi_run && k + 1 == vrow ? 1.f : 0.f;
+      state[j][2] = phi_run && k == vrow + 8 ? 1.f : 0.f;
+      state[j][3] = phi_run && k + 1 == vrow + 8 ? 1.f : 0.f;
+    }
+  } else if (nseg >= 2) {
+    // the combine pass's start state: segment 0's over Phi of slot(n, 0), later ones over Psi of
+    // the previous segment's slot
+    const int64_t slot = segment_slot(chunk_begin, seg == 0 ? 0 : seg - 1, ls);
+    const uint8_t* area = segment_at(p, slot, h) + (seg == 0 ? SegmentLayout::kPhiHiOffset : SegmentLayout::kPsiOffset);
+    load_state(state, area, vrow, quad, common::segment_state_view());
+  } else {
     const void* init = nullptr;
     if (p.initial_state != nullptr) {
       int64_t slot = n;
@@ -200,7 +258,8 @@ __global__ void __launch_bounds__(Config<kValueRows>::kThreads) __maxnreg__(Conf
   // First chunk-state entry of this sequence: sum over earlier sequences of ceil(len / interval).
   int64_t chunk_state_base = 0;
   const int chunks_per_state = p.chunk_states != nullptr ? p.chunk_state_interval / kChunk : 0;
-  if (chunks_per_state > 0) {
+  const bool write_chunk_states = !kSummary && chunks_per_state > 0;
+  if (write_chunk_states) {
     for (int m = lane; m < n; m += 32) {
       const int len = max(p.seq_len[m], 0);
       chunk_state_base += (len + p.chunk_state_interval - 1) / p.chunk_state_interval;
@@ -221,9 +280,10 @@ __global__ void __launch_bounds__(Config<kValueRows>::kThreads) __maxnreg__(Conf
   __nv_bfloat16* o_tile = reinterpret_cast<__nv_bfloat16*>(o_stage);
 
   for (int j = 0; j < num_chunks; ++j) {
-    // ---- chunk state before chunk j (prefix caching)
-    if (chunks_per_state > 0 && j % chunks_per_state == 0) {
-      const int64_t off = common::chunk_state_offset(p, chunk_state_base + j / chunks_per_state, h);
+    const int jg = j_begin + j;  // chunk of the sequence
+    // ---- chunk state before chunk jg (prefix caching)
+    if (write_chunk_states && jg % chunks_per_state == 0) {
+      const int64_t off = common::chunk_state_offset(p, chunk_state_base + jg / chunks_per_state, h);
       if (off >= 0)
         store_state(state, state_at(p.chunk_states, off, p.chunk_bf16), vrow, quad,
                     common::StateView{p.k_first, p.chunk_bf16, p.chunk_pairs});
@@ -247,10 +307,14 @@ __global__ void __launch_bounds__(Config<kValueRows>::kThreads) __maxnreg__(Conf
     for (int t = 0; t < 8; ++t) {
       const int tok = 8 * t + 2 * quad;
       const int col = warp * 16 + group;
-      acc_u[t][0] = -u0[tok * kValueRows + col];
-      acc_u[t][1] = -u0[(tok + 1) * kValueRows + col];
-      acc_u[t][2] = -u0[tok * kValueRows + col + 8];
-      acc_u[t][3] = -u0[(tok + 1) * kValueRows + col + 8];
+      if (phi_run) {
+        acc_u[t][0] = acc_u[t][1] = acc_u[t][2] = acc_u[t][3] = 0.f;
+      } else {
+        acc_u[t][0] = -u0[tok * kValueRows + col];
+        acc_u[t][1] = -u0[(tok + 1) * kValueRows + col];
+        acc_u[t][2] = -u0[tok * kValueRows + col + 8];
+        acc_u[t][3] = -u0[(tok + 1) * kValueRows + col + 8];
+      }
       acc_o[t][0] = acc_o[t][1] = acc_o[t][2] = acc_o[t][3] = 0.f;
     }
 
@@ -267,9 +331,11 @@ __global__ void __launch_bounds__(Config<kValueRows>::kThreads) __maxnreg__(Conf
         ptx::ldmatrix_x4(b, qwk_addr(w_base, 16 * tp + ld_row, 2 * ks + ld_chunk));
         ptx::mma_bf16_16816(acc_u[2 * tp], a, b[0], b[1]);
         ptx::mma_bf16_16816(acc_u[2 * tp + 1], a, b[2], b[3]);
-        ptx::ldmatrix_x4(b, qwk_addr(qt_base, 16 * tp + ld_row, 2 * ks + ld_chunk));
-        ptx::mma_bf16_16816(acc_o[2 * tp], a, b[0], b[1]);
-        ptx::mma_bf16_16816(acc_o[2 * tp + 1], a, b[2], b[3]);
+        if constexpr (!kSummary) {
+          ptx::ldmatrix_x4(b, qwk_addr(qt_base, 16 * tp + ld_row, 2 * ks + ld_chunk));
+          ptx::mma_bf16_16816(acc_o[2 * tp], a, b[0], b[1]);
+          ptx::mma_bf16_16816(acc_o[2 * tp + 1], a, b[2], b[3]);
+        }
       }
     }
 
@@ -290,7 +356,7 @@ __global__ void __launch_bounds__(Config<kValueRows>::kThreads) __maxnreg__(Conf
     // ---- O^T += U^T M^T (k = source tokens s, n = target tokens r); M[r][s] = 0 for s > r,
     // so blocks with ts > tp are skipped.
     #pragma unroll
-    for (int tp = 0; tp < 4; ++tp) {
+    for (int tp = 0; tp < (kSummary ? 0 : 4); ++tp) {
       #pragma unroll
       for (int ts = 0; ts <= tp; ++ts) {
         uint32_t b[4];
@@ -305,7 +371,7 @@ __global__ void __launch_bounds__(Config<kValueRows>::kThreads) __maxnreg__(Conf
     // ---- O: fragments -> staging tile [64 tokens][16 value rows] (frees acc_o before the state
     // update; written to global rows of 32 bytes below)
     #pragma unroll
-    for (int t = 0; t < 8; ++t) {
+    for (int t = 0; t < (kSummary ? 0 : 8); ++t) {
       const int tok = 8 * t + 2 * quad;
       o_tile[tok * Smem::kOPitch + group] = __float2bfloat16_rn(acc_o[t][0]);
       o_tile[(tok + 1) * Smem::kOPitch + group] = __float2bfloat16_rn(acc_o[t][1]);
@@ -347,9 +413,10 @@ __global__ void __launch_bounds__(Config<kValueRows>::kThreads) __maxnreg__(Conf
       issue_chunk(j + kStages);
     }
 
+    if constexpr (kSummary) continue;
     __syncwarp();
-    const int valid = min(kChunk, seq_len - j * kChunk);
-    __nv_bfloat16* o_chunk = o_seq + int64_t(j) * kChunk * p.stride_o_t;
+    const int valid = min(kChunk, seq_len - jg * kChunk);
+    __nv_bfloat16* o_chunk = o_seq + int64_t(jg) * kChunk * p.stride_o_t;
     if (p.o_vec16) {
       #pragma unroll
       for (int i = 0; i < 4; ++i) {
@@ -370,8 +437,29 @@ __global__ void __launch_bounds__(Config<kValueRows>::kThreads) __maxnreg__(Conf
     __syncwarp();
   }
 
-  // ---- final state (also for an empty sequence: the initial state passes through bit for bit)
-  if (p.final_state != nullptr) {
+  if constexpr (kSummary) {
+    // ---- Psi (fp32) or Phi (bf16 hi + lo, the combine pass's image) of this full segment
+    uint8_t* area = segment_at(p, segment_slot(chunk_begin, seg, ls), h);
+    if (!phi_run) {
+      store_state(state, area + SegmentLayout::kPsiOffset, vrow, quad, common::segment_state_view());
+    } else {
+      #pragma unroll
+      for (int j = 0; j < 16; ++j) {
+        #pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          uint32_t hi, lo;
+          ptx::split_bf16(state[j][2 * half], state[j][2 * half + 1], hi, lo);
+          const uint32_t off = phi_offset(vrow + 8 * half, 8 * j + 2 * quad);
+          *reinterpret_cast<uint32_t*>(area + SegmentLayout::kPhiHiOffset + off) = hi;
+          *reinterpret_cast<uint32_t*>(area + SegmentLayout::kPhiLoOffset + off) = lo;
+        }
+      }
+    }
+    return;
+  }
+  // ---- final state, by the last segment (also for an empty sequence: the initial state passes
+  // through bit for bit)
+  if (p.final_state != nullptr && seg == nseg - 1) {
     int64_t slot = n;
     if (p.final_state_indices != nullptr) slot = p.final_state_indices[n];
     if (slot >= 0 && slot < p.num_state_slots)
@@ -388,12 +476,10 @@ inline Status cuda_status(cudaError_t err, const char* what, int line) {
 
 }  // namespace kdakit::sm90::prefill::recurrence
 
-namespace kdakit::sm90::prefill {
+namespace kdakit::sm90::prefill::recurrence {
 
-template <int kValueRows>
-Status launch_prefill_recurrence(const PrefillParams& p, const WorkspacePlan& plan, const void* workspace,
-                                 cudaStream_t stream) {
-  using namespace recurrence;
+template <int kValueRows, bool kSummary>
+Status launch(const PrefillParams& p, const WorkspacePlan& plan, const void* workspace, cudaStream_t stream) {
   using Cfg = Config<kValueRows>;
   using Smem = typename Cfg::SharedMemoryPlan;
   if (p.num_seqs == 0) return Status::Ok();
@@ -466,20 +552,41 @@ Status launch_prefill_recurrence(const PrefillParams& p, const WorkspacePlan& pl
   kp.k_first = p.state_layout == StateLayout::kKFirst;
   kp.state_pairs = pairs_ok(p.initial_state, p.stride_initial_state_n) &&
                    pairs_ok(p.final_state, p.stride_final_state_n);
+  kp.segments = const_cast<uint8_t*>(ws) + plan.segments_offset;
+  kp.num_segment_slots = plan.num_segment_slots;
+  kp.segment_chunks = plan.segment_chunks;
+  kp.max_segments = plan.segment_chunks > 0 ? plan.max_segments : 1;
+  if (kSummary && plan.segment_chunks <= 0) return Status(StatusCode::kInternal, "recurrence: summaries without segments");
 
-  auto kernel = kda_prefill_recurrence_sm90_kernel<kValueRows>;
+  auto kernel = kda_prefill_recurrence_sm90_kernel<kValueRows, kSummary>;
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          int(Smem::kAllocBytes));
   if (err != cudaSuccess) return cuda_status(err, "cudaFuncSetAttribute", __LINE__);
-  const int64_t num_ctas = p.num_seqs * p.num_v_heads * Cfg::kSlices;
+  const int64_t num_ctas = p.num_seqs * p.num_v_heads * kp.max_segments * Cfg::kSlices * (kSummary ? 2 : 1);
   if (num_ctas > int64_t(INT32_MAX))
-    return Status(StatusCode::kUnsupported, "recurrence: N * HV * slices must stay below 2^31, got " +
+    return Status(StatusCode::kUnsupported, "recurrence: N * HV * segments * slices must stay below 2^31, got " +
                                                 std::to_string(num_ctas));
   const dim3 grid{unsigned(num_ctas)};
   kernel<<<grid, Cfg::kThreads, Smem::kAllocBytes, stream>>>(kp, tma);
   err = cudaGetLastError();
   if (err != cudaSuccess) return cuda_status(err, "kda_prefill_recurrence_sm90_kernel launch", __LINE__);
   return Status::Ok();
+}
+
+}  // namespace kdakit::sm90::prefill::recurrence
+
+namespace kdakit::sm90::prefill {
+
+template <int kValueRows>
+Status launch_prefill_recurrence(const PrefillParams& p, const WorkspacePlan& plan, const void* workspace,
+                                 cudaStream_t stream) {
+  return recurrence::launch<kValueRows, false>(p, plan, workspace, stream);
+}
+
+template <int kValueRows>
+Status launch_prefill_summaries(const PrefillParams& p, const WorkspacePlan& plan, const void* workspace,
+                                cudaStream_t stream) {
+  return recurrence::launch<kValueRows, true>(p, plan, workspace, stream);
 }
 
 }  // namespace kdakit::sm90::prefill

@@ -4,6 +4,7 @@
 // have filled the workspace.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 
 #include "cuda/sm90/prefill/workspace.h"
@@ -14,9 +15,20 @@ namespace kdakit::sm90::prefill {
 // Reads the plan region and the chunk blocks of `workspace` (laid out per `plan`), writes o,
 // the final state and the optional chunk states of `p`. kValueRows in {16, 32, 64, 128}: value
 // channels per CTA; the grid is (N, HV, 128 / kValueRows).
+// With segments in the plan (plan.segment_chunks > 0) each CTA runs one segment from the start
+// state the combine pass left in the segment area, and the grid is (N, HV, max_segments, slices).
 template <int kValueRows>
 Status launch_prefill_recurrence(const PrefillParams& p, const WorkspacePlan& plan, const void* workspace,
                                  cudaStream_t stream);
+
+// Segmented prefill, before the recurrence (workspace.h): the summary pass writes (Psi, Phi) of
+// every full segment, 2 x 128 / kValueRows CTAs per segment (kValueRows in {64, 128}); the
+// combine pass chains them into start states (one CTA per (sequence, value head)).
+template <int kValueRows>
+Status launch_prefill_summaries(const PrefillParams& p, const WorkspacePlan& plan, const void* workspace,
+                                cudaStream_t stream);
+Status launch_prefill_combine(const PrefillParams& p, const WorkspacePlan& plan, void* workspace,
+                              cudaStream_t stream);
 
 // Value rows per CTA: whole heads (one CTA per (sequence, head)) once the (sequence, head)
 // pairs cover half the SMs; fewer heads split V so that the CTAs still cover the SMs (each
@@ -30,5 +42,68 @@ constexpr int recurrence_value_rows(int64_t num_seqs, int32_t num_v_heads, int n
 static_assert(recurrence_value_rows(1, 96, 132) == 128, "H=96: one CTA per head");
 static_assert(recurrence_value_rows(1, 64, 132) == 64, "H=64: two V halves per head");
 static_assert(recurrence_value_rows(1, 4, 132) == 16, "few heads: 16 value rows per CTA");
+
+// ---- segments: the choice from a cost model of the H200 measurements -------------------------
+// NOTE: one CTA per SM at every value-row count (shared memory), and a chunk costs a CTA about
+// 2.1 / 2.2 / 2.4 / 3.9 us at 16 / 32 / 64 / 128 value rows (docs/design/20261129-prefill-
+// recurrence.md, H4-H96). A summary CTA skips the output's products and stores (~25% fewer
+// MMAs). The combine pass costs about 1.5 us per segment, each extra launch ~3 us.
+struct SegmentChoice {
+  int32_t segment_chunks = 0;  // 0: whole sequences
+  int summary_rows = 128;
+  int rows = 128;              // value rows per CTA of the recurrence
+  double predicted_us = 0;
+  double unsegmented_us = 0;
+};
+
+constexpr double recurrence_chunk_us(int rows) {
+  return rows <= 16 ? 2.1 : rows <= 32 ? 2.2 : rows <= 64 ? 2.4 : 3.9;
+}
+constexpr double waves(int64_t ctas, int num_sms) { return double((ctas + num_sms - 1) / num_sms); }
+
+// Shortest predicted recurrence time over segment lengths of 16 .. 256 chunks, or whole
+// sequences when segmenting does not save a fifth. Packed batches: the longest sequence may
+// hold all T tokens, and the CTAs with work are bounded by the total chunks.
+constexpr SegmentChoice choose_segments(int64_t batch, int64_t seqlen, int64_t num_seqs, bool packed,
+                                        int32_t num_v_heads, int num_sms) {
+  SegmentChoice best{};
+  const int64_t nc = (seqlen + 63) / 64;  // chunks of the longest sequence
+  const int rows0 = recurrence_value_rows(num_seqs, num_v_heads, num_sms);
+  best.rows = rows0;
+  best.unsegmented_us = waves(num_seqs * num_v_heads * (128 / rows0), num_sms) * double(nc) * recurrence_chunk_us(rows0);
+  best.predicted_us = best.unsegmented_us;
+  (void)batch;
+  if (num_seqs <= 0 || nc <= 16) return best;
+  for (int32_t ls = 16; ls <= 256; ls *= 2) {
+    if (ls >= nc) break;
+    const int64_t per_seq = (nc + ls - 1) / ls;
+    const int64_t segs = packed ? std::min<int64_t>(num_seqs * per_seq, per_seq + num_seqs) : num_seqs * per_seq;
+    const int64_t full = packed ? std::min<int64_t>(num_seqs * (per_seq - 1), per_seq - 1 + num_seqs)
+                                : num_seqs * (per_seq - 1);
+    SegmentChoice c{};
+    c.segment_chunks = ls;
+    double summary = 1e30, rec = 1e30;
+    for (int r = 64; r <= 128; r *= 2) {
+      const double t = waves(full * num_v_heads * 2 * (128 / r), num_sms) * ls * 0.75 * recurrence_chunk_us(r);
+      if (t < summary) { summary = t; c.summary_rows = r; }
+    }
+    for (int r = 32; r <= 128; r *= 2) {
+      const double t = waves(segs * num_v_heads * (128 / r), num_sms) * ls * recurrence_chunk_us(r);
+      if (t < rec) { rec = t; c.rows = r; }
+    }
+    c.predicted_us = summary + rec + 1.5 * double(per_seq - 1) + 6.0;
+    c.unsegmented_us = best.unsegmented_us;
+    if (c.predicted_us < best.predicted_us) best = c;
+  }
+  if (best.segment_chunks > 0 && best.predicted_us > 0.8 * best.unsegmented_us) {
+    best.segment_chunks = 0;
+    best.rows = rows0;
+    best.predicted_us = best.unsegmented_us;
+  }
+  return best;
+}
+static_assert(choose_segments(1, 32768, 1, false, 4, 132).segment_chunks > 0, "H4 T=32K: segments");
+static_assert(choose_segments(1, 8192, 1, false, 96, 132).segment_chunks == 0, "H96: whole sequences");
+static_assert(choose_segments(1, 8192, 1, false, 64, 132).segment_chunks == 0, "H64: whole sequences");
 
 }  // namespace kdakit::sm90::prefill

@@ -1,0 +1,212 @@
+// kda_prefill_combine_sm90_kernel: the combine pass of segmented prefill (workspace.h, segments).
+//
+// Per (sequence n, value head h) with nseg >= 2 segments, serially over the full segments s:
+//   S_{s+1}^T = S_s^T Phi_s + Psi_s        (S^T: V x K fp32, Phi_s: K x K, Psi_s: V x K)
+// from S_0^T = the caller's initial state (or zeros). S_{s+1} overwrites Psi_s in its slot, and
+// S_0 (a copy, fp32) overwrites slot(n, 0)'s Phi once that is in shared memory: the recurrence
+// pass then reads every segment's start state from the workspace, never the caller's buffer.
+//
+// One CTA of 8 warps per (n, h); warp w owns value rows 16 w .. 16 w + 15 of S^T as the
+// m16n8 accumulator tiles of the recurrence kernel (state_io.cuh). S_s^T enters the product as
+// bf16 hi + lo A fragments and Phi_s as bf16 hi + lo B fragments (ldmatrix.trans of the
+// swizzled image the summary pass wrote), three passes (hi hi, lo hi, hi lo): ~2^-16 relative
+// per term, so the chain adds no error beside the recurrence's own. Phi_{s+1} lands by a bulk
+// copy while segment s is multiplied.
+#include <cuda.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <string>
+
+#include "cuda/sm90/prefill/common/ptx.cuh"
+#include "cuda/sm90/prefill/common/state_io.cuh"
+#include "cuda/sm90/prefill/recurrence/launch.h"
+#include "cuda/sm90/prefill/workspace.h"
+
+namespace kdakit::sm90::prefill::combine {
+namespace {
+
+constexpr int kWarps = kHeadDim / 16;
+constexpr int kThreads = kWarps * 32;
+constexpr uint32_t kPhiBytes = kHeadDim * kHeadDim * 2;  // one of hi, lo
+constexpr size_t kBufferBytes = 2 * size_t(kPhiBytes);
+constexpr size_t kBarrierOffset = 2 * kBufferBytes;
+constexpr size_t kAllocBytes = kBarrierOffset + 2 * 8 + 128;  // the base is rounded up to 128
+
+struct CombineParams {
+  const int32_t* chunk_offsets;
+  int64_t max_chunks;
+  int32_t num_v_heads;
+  const void* initial_state;             // [slots, HV, state], nullable
+  const int32_t* initial_state_indices;  // [N], nullable
+  int64_t stride_initial_state_n;
+  int64_t num_state_slots;
+  bool state_bf16;
+  bool k_first;
+  bool state_pairs;
+  uint8_t* segments;
+  int64_t num_segment_slots;
+  int32_t segment_chunks;
+};
+
+__device__ __forceinline__ uint32_t phi_addr(uint32_t base, int row, int chunk16) {
+  return base + uint32_t(chunk16 >> 3) * (kHeadDim * 128u) + uint32_t(row) * 128u +
+         uint32_t(((chunk16 & 7) ^ (row & 7)) << 4);
+}
+
+__global__ void __launch_bounds__(kThreads, 1) kda_prefill_combine_sm90_kernel(const __grid_constant__ CombineParams p) {
+  extern __shared__ uint8_t smem_raw[];
+  uint8_t* smem = smem_raw + ((128u - (ptx::smem_addr(smem_raw) & 127u)) & 127u);
+  uint64_t* full = reinterpret_cast<uint64_t*>(smem + kBarrierOffset);
+
+  const int HV = p.num_v_heads;
+  const int h = int(blockIdx.x % unsigned(HV));
+  const int n = int(blockIdx.x / unsigned(HV));
+  int c0 = p.chunk_offsets[n];
+  int nc = p.chunk_offsets[n + 1] - c0;
+  c0 = max(0, min(c0, int(p.max_chunks)));
+  nc = max(0, min(nc, int(p.max_chunks) - c0));
+  const int ls = p.segment_chunks;
+  const int nseg = max(1, (nc + ls - 1) / ls);
+  if (nseg < 2) return;
+  const int full_segments = nseg - 1;
+
+  auto area = [&](int s) {
+    const int64_t slot = (int64_t(c0) + int64_t(s) * ls + ls - 1) / ls;
+    return p.segments + (size_t(slot) * HV + h) * kSegmentBytes;
+  };
+  auto issue = [&](int s) {
+    const int b = s & 1;
+    uint8_t* buf = smem + b * kBufferBytes;
+    const uint8_t* src = area(s);
+    ptx::mbarrier_arrive_expect_tx(&full[b], 2 * kPhiBytes);
+    ptx::bulk_load(buf, src + SegmentLayout::kPhiHiOffset, kPhiBytes, &full[b]);
+    ptx::bulk_load(buf + kPhiBytes, src + SegmentLayout::kPhiLoOffset, kPhiBytes, &full[b]);
+  };
+  if (threadIdx.x == 0) {
+    ptx::mbarrier_init(&full[0], 1);
+    ptx::mbarrier_init(&full[1], 1);
+    ptx::fence_barrier_init();
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    issue(0);
+    if (full_segments > 1) issue(1);
+  }
+
+  const int warp = threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  const int group = lane / 4;
+  const int quad = lane % 4;
+  const int vrow = warp * 16 + group;
+  const int ldt_row = (lane % 8) + 8 * ((lane / 8) % 2);
+  const int ldt_chunk = lane / 16;
+
+  float state[16][4];
+  {
+    const void* init = nullptr;
+    if (p.initial_state != nullptr) {
+      int64_t slot = n;
+      if (p.initial_state_indices != nullptr) slot = p.initial_state_indices[n];
+      if (slot >= 0 && slot < p.num_state_slots)
+        init = common::state_at(const_cast<void*>(p.initial_state),
+                                slot * p.stride_initial_state_n + int64_t(h) * kHeadDim * kHeadDim, p.state_bf16);
+    }
+    if (init != nullptr) {
+      common::load_state(state, init, vrow, quad, p);
+    } else {
+      #pragma unroll
+      for (int j = 0; j < 16; ++j) state[j][0] = state[j][1] = state[j][2] = state[j][3] = 0.f;
+    }
+  }
+
+  for (int s = 0; s < full_segments; ++s) {
+    const int b = s & 1;
+    uint8_t* seg = area(s);
+    float acc[16][4];
+    common::load_state(acc, seg + SegmentLayout::kPsiOffset, vrow, quad, common::segment_state_view());
+    ptx::mbarrier_wait(&full[b], (s >> 1) & 1);
+    // Phi_0 is in shared memory now: its global copy becomes segment 0's start state.
+    if (s == 0) common::store_state(state, seg + SegmentLayout::kPhiHiOffset, vrow, quad, common::segment_state_view());
+
+    const uint32_t hi_base = ptx::smem_addr(smem + b * kBufferBytes);
+    const uint32_t lo_base = hi_base + kPhiBytes;
+    #pragma unroll
+    for (int ks = 0; ks < 8; ++ks) {
+      uint32_t a_hi[4], a_lo[4];
+      ptx::split_bf16(state[2 * ks][0], state[2 * ks][1], a_hi[0], a_lo[0]);
+      ptx::split_bf16(state[2 * ks][2], state[2 * ks][3], a_hi[1], a_lo[1]);
+      ptx::split_bf16(state[2 * ks + 1][0], state[2 * ks + 1][1], a_hi[2], a_lo[2]);
+      ptx::split_bf16(state[2 * ks + 1][2], state[2 * ks + 1][3], a_hi[3], a_lo[3]);
+      #pragma unroll
+      for (int np = 0; np < 8; ++np) {
+        uint32_t bh[4], bl[4];
+        ptx::ldmatrix_x4_trans(bh, phi_addr(hi_base, 16 * ks + ldt_row, 2 * np + ldt_chunk));
+        ptx::ldmatrix_x4_trans(bl, phi_addr(lo_base, 16 * ks + ldt_row, 2 * np + ldt_chunk));
+        ptx::mma_bf16_16816(acc[2 * np], a_lo, bh[0], bh[1]);
+        ptx::mma_bf16_16816(acc[2 * np + 1], a_lo, bh[2], bh[3]);
+        ptx::mma_bf16_16816(acc[2 * np], a_hi, bl[0], bl[1]);
+        ptx::mma_bf16_16816(acc[2 * np + 1], a_hi, bl[2], bl[3]);
+        ptx::mma_bf16_16816(acc[2 * np], a_hi, bh[0], bh[1]);
+        ptx::mma_bf16_16816(acc[2 * np + 1], a_hi, bh[2], bh[3]);
+      }
+    }
+    // every warp has read buffer b: refill it with Phi_{s+2}
+    __syncthreads();
+    if (threadIdx.x == 0 && s + 2 < full_segments) {
+      ptx::fence_proxy_async_shared();
+      issue(s + 2);
+    }
+    // S_{s+1}: the start state of segment s + 1, over Psi_s
+    common::store_state(acc, seg + SegmentLayout::kPsiOffset, vrow, quad, common::segment_state_view());
+    #pragma unroll
+    for (int j = 0; j < 16; ++j) {
+      #pragma unroll
+      for (int e = 0; e < 4; ++e) state[j][e] = acc[j][e];
+    }
+  }
+}
+
+}  // namespace
+}  // namespace kdakit::sm90::prefill::combine
+
+namespace kdakit::sm90::prefill {
+
+Status launch_prefill_combine(const PrefillParams& p, const WorkspacePlan& plan, void* workspace,
+                              cudaStream_t stream) {
+  using namespace combine;
+  if (plan.segment_chunks <= 0) return Status(StatusCode::kInternal, "combine: the plan has no segments");
+  if (p.num_seqs == 0) return Status::Ok();
+  uint8_t* ws = static_cast<uint8_t*>(workspace);
+  CombineParams cp{};
+  cp.chunk_offsets = reinterpret_cast<const int32_t*>(ws + plan.chunk_offsets_offset);
+  cp.max_chunks = plan.max_chunks;
+  cp.num_v_heads = p.num_v_heads;
+  cp.initial_state = p.initial_state;
+  cp.initial_state_indices = p.initial_state_indices;
+  cp.stride_initial_state_n = p.stride_initial_state_n;
+  cp.num_state_slots = (p.initial_state_indices != nullptr || p.final_state_indices != nullptr) ? p.num_state_slots
+                                                                                                 : p.num_seqs;
+  cp.state_bf16 = p.dtype_state == DType::kBFloat16;
+  cp.k_first = p.state_layout == StateLayout::kKFirst;
+  const size_t elem = cp.state_bf16 ? 2 : 4;
+  cp.state_pairs = p.initial_state == nullptr ||
+                   (reinterpret_cast<uintptr_t>(p.initial_state) % (2 * elem) == 0 && p.stride_initial_state_n % 2 == 0);
+  cp.segments = ws + plan.segments_offset;
+  cp.num_segment_slots = plan.num_segment_slots;
+  cp.segment_chunks = plan.segment_chunks;
+
+  cudaError_t err = cudaFuncSetAttribute(kda_prefill_combine_sm90_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         int(kAllocBytes));
+  const int64_t ctas = p.num_seqs * p.num_v_heads;
+  if (err == cudaSuccess) {
+    if (ctas > int64_t(INT32_MAX)) return Status(StatusCode::kUnsupported, "combine: N * HV must stay below 2^31");
+    kda_prefill_combine_sm90_kernel<<<unsigned(ctas), kThreads, kAllocBytes, stream>>>(cp);
+    err = cudaGetLastError();
+  }
+  if (err != cudaSuccess)
+    return Status(StatusCode::kCudaError, std::string("kda_prefill_combine_sm90_kernel: ") + cudaGetErrorString(err));
+  return Status::Ok();
+}
+
+}  // namespace kdakit::sm90::prefill
