@@ -3,16 +3,18 @@
 # compute-sanitizer memcheck on small cases, then the benchmarks. Peers are used when present:
 # FLA from a source tarball in .carry/peers (put on PYTHONPATH), FlashKDA if importable. Logs and
 # results go to $OUT; a short table is printed last.
-# Usage: scripts/gpu_suite.sh [--no-tests] [--no-bench] [--skip TEST_BINARY]... [extra args for the
-# prefill bench]. --skip leaves out one test binary (e.g. kdakit_decode_tests, whose 700 variant
+# Usage: scripts/gpu_suite.sh [--no-tests] [--no-bench] [--prefill-only] [--skip TEST_BINARY]...
+# [extra args for the prefill bench]. --prefill-only runs the prefill tests (default path, segments,
+# pool, sanitizers on segments) and the prefill benchmark alone. --skip leaves out one test binary (e.g. kdakit_decode_tests, whose 700 variant
 # cases tests/cpp/decode/run_on_gpu.sh runs) to fit a device call's time limit.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out="${OUT:-/tmp/kdakit-gpu}"
 mkdir -p "$out/logs"
-run_tests=1 run_bench=1 skip=" "
+run_tests=1 run_bench=1 prefill_only=0 skip=" "
 while [ $# -gt 0 ]; do
   case "$1" in
+    --prefill-only) prefill_only=1 ;;
     --no-tests) run_tests=0 ;;
     --no-bench) run_bench=0 ;;
     --skip) skip+="$2 "; shift ;;
@@ -35,6 +37,7 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noh
 if [ "$run_tests" = 1 ]; then
   for t in "$stage"/bin/*; do
     name=$(basename "$t")
+    if [ "$prefill_only" = 1 ]; then case "$name" in prefill_gpu_test|prefill_pool_gpu_test) ;; *) continue ;; esac; fi
     case "$skip" in *" $name "*) echo "gtest $name skipped (--skip)" | tee -a "$summary"; continue ;; esac
     timeout 300 "$t" --gtest_brief=1 >"$out/logs/$name.log" 2>&1
     echo "gtest $name rc=$? $(grep -E '^\[  (PASSED|FAILED|SKIPPED) ' "$out/logs/$name.log" | tr -s ' ' | tr '\n' ' ')" | tee -a "$summary"
@@ -42,21 +45,42 @@ if [ "$run_tests" = 1 ]; then
   done
   # The fused kernel on every case, with one and with two consumer warpgroups (the dispatcher
   # takes it only for batches of short sequences).
-  for c in 1 2; do
+  for c in $([ "$prefill_only" = 1 ] || echo 1 2); do
     KDAKIT_PREFILL_PATH=fused KDAKIT_FUSED_CONSUMERS=$c timeout 300 "$stage/bin/prefill_gpu_test" --gtest_brief=1 \
-      >"$out/logs/prefill_gpu_test_fused_c$c.log" 2>&1
+      --gtest_filter='-*PrefillSegmentsGpu*' >"$out/logs/prefill_gpu_test_fused_c$c.log" 2>&1
     echo "gtest prefill_gpu_test[fused c$c] rc=$? $(grep -E '^\[  (PASSED|FAILED|SKIPPED) ' "$out/logs/prefill_gpu_test_fused_c$c.log" | tr -s ' ' | tr '\n' ' ')" | tee -a "$summary"
     grep -E 'rel_l2 [0-9.e-]+ over' "$out/logs/prefill_gpu_test_fused_c$c.log" | head -3
   done
   # The pool cases (in place, read a / write b) on the fused kernel with one and two consumer
   # warpgroups and on the token-serial kernel (the dispatcher takes the two-kernel path for the
   # long ones and the fused kernel for the short ones).
-  for v in fused:1 fused:2 token_serial:0; do
+  for v in $([ "$prefill_only" = 1 ] || echo fused:1 fused:2 token_serial:0); do
     path=${v%%:*} c=${v##*:}
     KDAKIT_PREFILL_PATH=$path KDAKIT_FUSED_CONSUMERS=$c timeout 300 "$stage/bin/prefill_pool_gpu_test" \
       --gtest_brief=1 >"$out/logs/prefill_pool_gpu_test_${path}_c$c.log" 2>&1
     echo "gtest prefill_pool_gpu_test[$path c$c] rc=$? $(grep -E '^\[  (PASSED|FAILED|SKIPPED) ' "$out/logs/prefill_pool_gpu_test_${path}_c$c.log" | tr -s ' ' | tr '\n' ' ')" | tee -a "$summary"
   done
+  # Segmented prefill (few heads, long sequences) forced onto every case of the two-kernel
+  # path: segments of 2 chunks, of 3 with 32-row recurrence CTAs and 64-row summaries, of 1 with
+  # 128-row CTAs (every chunk its own segment). The long-sequence cases (PrefillSegmentsGpu) run
+  # in the default pass above under the cost model's choice.
+  for sg in 2 3:32:64 1:128:128; do
+    for t in prefill_gpu_test prefill_pool_gpu_test; do
+      log="$out/logs/${t}_segments_${sg//:/_}.log"
+      KDAKIT_PREFILL_PATH=chunked KDAKIT_PREFILL_SEGMENTS=$sg timeout 300 "$stage/bin/$t" --gtest_brief=1 \
+        --gtest_filter='-*PrefillSegmentsGpu*' >"$log" 2>&1
+      echo "gtest $t[segments $sg] rc=$? $(grep -E '^\[  (PASSED|FAILED|SKIPPED) ' "$log" | tr -s ' ' | tr '\n' ' ')" | tee -a "$summary"
+      grep -E '^\[  FAILED  \].*\(' "$log" | head -3
+    done
+  done
+  grep -h "segmented:" "$out/logs/prefill_gpu_test.log" | tee -a "$summary"
+  for tool in memcheck racecheck; do
+    KDAKIT_PREFILL_PATH=chunked KDAKIT_PREFILL_SEGMENTS=2 timeout 180 compute-sanitizer --tool $tool \
+      "$stage/bin/prefill_gpu_test" --gtest_filter='*long_packed_softplus*:*many_short*:*long_fixed_gva*' \
+      >"$out/logs/${tool}_segments.log" 2>&1
+    echo "$tool segments rc=$? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$out/logs/${tool}_segments.log" | tr '\n' ' ')" | tee -a "$summary"
+  done
+  if [ "$prefill_only" = 0 ]; then
   timeout 300 python3 -m pytest -q -p no:cacheprovider tests/python >"$out/logs/pytest.log" 2>&1
   echo "pytest rc=$? $(tail -1 "$out/logs/pytest.log")" | tee -a "$summary"
   grep -E '^FAILED' "$out/logs/pytest.log" | head -5
@@ -74,15 +98,17 @@ if [ "$run_tests" = 1 ]; then
   timeout 120 compute-sanitizer --tool memcheck --leak-check no "$stage/bin/kdakit_decode_tests" \
     --gtest_filter='*padding*:*spec*' >"$out/logs/memcheck_decode.log" 2>&1
   echo "memcheck decode rc=$? $(grep -E 'ERROR SUMMARY' "$out/logs/memcheck_decode.log")" | tee -a "$summary"
+  fi
 fi
 
 if [ "$run_bench" = 1 ]; then
   if [ -f .carry/triton-cache.tar.gz ] && [ ! -d "$HOME/.triton/cache" ]; then
     mkdir -p "$HOME/.triton" && tar -xzf .carry/triton-cache.tar.gz -C "$HOME/.triton"
   fi
-  python3 -m kdakit.bench.prefill --json "$out/prefill.json" --png "$out/prefill.png" "$@" \
+  timeout "${KDAKIT_BENCH_TIMEOUT:-3000}" python3 -m kdakit.bench.prefill --json "$out/prefill.json" --png "$out/prefill.png" "$@" \
     >"$out/logs/bench_prefill.log" 2>&1
   echo "bench prefill rc=$?" | tee -a "$summary"
+  if [ "$prefill_only" = 0 ]; then
   python3 -m kdakit.bench.prefill --pool --json "$out/prefill_pool.json" \
     >"$out/logs/bench_prefill_pool.log" 2>&1
   echo "bench prefill pool rc=$?" | tee -a "$summary"
@@ -91,6 +117,7 @@ if [ "$run_bench" = 1 ]; then
   echo "bench plan-compare rc=$?" | tee -a "$summary"
   python3 -m kdakit.bench.decode --json "$out/decode.json" >"$out/logs/bench_decode.log" 2>&1
   echo "bench decode rc=$?" | tee -a "$summary"
+  fi
 fi
 tar -C "$out" -czf "$out/logs.tar.gz" logs
 # NOTE: the device tool returns at most 8 files: the logs travel as the one tarball above.

@@ -7,13 +7,16 @@
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <cstdio>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "common/cases.h"
 #include "common/device_tensors.h"
 #include "common/host_tensor.h"
 #include "common/prefill_checks.h"
+#include "cuda/sm90/prefill/dispatch.h"
 #include "kdakit/kdakit.h"
 
 namespace kdakit::testing {
@@ -72,7 +75,7 @@ TEST_P(PrefillGpu, MatchesFloat64Reference) {
     return;
   }
   ASSERT_TRUE(st.ok()) << st.message();
-  ASSERT_TRUE(run_prefill_on_host(cpu::prefill_reference, c, ref).ok());
+  ASSERT_TRUE(run_reference_fp32_output(c, ref).ok());
 
   EXPECT_TRUE(rel_l2_below("o", gpu.o, ref.o, 4e-3));
   const double state_bar = c.dtype_state == DType::kBFloat16 ? 8e-3 : 2e-3;
@@ -93,6 +96,102 @@ TEST_P(PrefillGpu, MatchesFloat64Reference) {
 
 INSTANTIATE_TEST_SUITE_P(Cases, PrefillGpu, ::testing::ValuesIn(gpu_cases()),
                          [](const ::testing::TestParamInfo<PrefillCase>& info) { return info.param.name; });
+
+// Segmented prefill (few heads, long sequences; docs/design/20261201-prefill-segments.md): one
+// sequence of T tokens at H = 1 takes segments under the cost model. The gate is the
+// precomputed one with log-uniform decay rates down to 0.0025 per token, so that part of the
+// state outlives a segment and the (Psi, Phi) chain carries it (with the lower-bound gate of
+// the other cases everything older than a chunk or two underflows and the chain would pass
+// zeros). Against the float64 reference, at T = 32K and 128K (issue 6), and against the
+// whole-sequence recurrence on the same inputs, which the chain must match in accuracy: the
+// cost model's segments, and segments of 2 chunks (the longest chain). Also a packed batch with a
+// long sequence among short ones, in place in a pool, with chunk states every 1024 tokens.
+struct LongCase {
+  const char* name;
+  PrefillCase c;
+};
+std::vector<LongCase> long_cases() {
+  std::vector<LongCase> all;
+  const PrefillCase one{.name = "T32K", .seqlen = 32768, .H = 1, .HV = 1, .K = 128, .V = 128,
+                        .gate = GateMode::kPrecomputed, .has_A_log = false, .has_dt_bias = false};
+  all.push_back({"T32K", one});
+  PrefillCase longer = one;
+  longer.name = "T128K";
+  longer.seqlen = 131072;
+  all.push_back({"T128K", longer});
+  all.push_back({"packed_long_and_short_in_place",
+                 {.name = "packed_long_and_short_in_place",
+                  .seq_lens = {1000, 20000, 0, 777, 4100},
+                  .tail = 5,
+                  .H = 1,
+                  .HV = 2,
+                  .K = 128,
+                  .V = 128,
+                  .gate = GateMode::kPrecomputed,
+                  .has_A_log = false,
+                  .has_dt_bias = false,
+                  .initial = StateSource::kPool,
+                  .final_state = StateSource::kPool,
+                  .extra_slots = 3,
+                  .in_place = true,
+                  .chunk_state_interval = 1024}});
+  return all;
+}
+
+class PrefillSegmentsGpu : public ::testing::TestWithParam<LongCase> {};
+
+TEST_P(PrefillSegmentsGpu, AccuracyEqualsWholeSequences) {
+  if (!have_sm90()) GTEST_SKIP() << "no sm_90 GPU";
+  const PrefillCase& c = GetParam().c;
+  Rng rng = make_rng();
+  SCOPED_TRACE(c.name + ", " + rng.trace());
+  PrefillTensors model = make_prefill_tensors(c, rng);
+  PrefillTensors again = model, short_segs = model, whole = model, ref = model;
+
+  sm90::set_prefill_path(sm90::PrefillPath::kChunked);
+  sm90::set_prefill_segments(-1);  // the cost model's choice: segments for a long sequence
+  const Status st_model = run_prefill_on_gpu(c, model);
+  const Status st_again = run_prefill_on_gpu(c, again);
+  sm90::set_prefill_segments(2, 32);
+  const Status st_short = run_prefill_on_gpu(c, short_segs);
+  sm90::set_prefill_segments(0);
+  const Status st_whole = run_prefill_on_gpu(c, whole);
+  sm90::set_prefill_segments(-1);
+  sm90::set_prefill_path(sm90::PrefillPath::kAuto);
+  for (const Status* st : {&st_model, &st_again, &st_short, &st_whole}) ASSERT_TRUE(st->ok()) << st->message();
+  ASSERT_TRUE(run_reference_fp32_output(c, ref).ok());
+
+  const HostTensor& fs_ref = final_state_of(c, ref);
+  const double eo_whole = relative_l2(whole.o, ref.o).rel_l2;
+  const double es_whole = relative_l2(final_state_of(c, whole), fs_ref).rel_l2;
+  EXPECT_TRUE(rel_l2_below("o (whole sequences)", whole.o, ref.o, 4e-3));
+  for (const auto& [label, t] : {std::pair<const char*, const PrefillTensors*>{"model's segments", &model},
+                                 {"segments of 2 chunks", &short_segs}}) {
+    SCOPED_TRACE(label);
+    const HostTensor& fs = final_state_of(c, *t);
+    const double eo = relative_l2(t->o, ref.o).rel_l2, es = relative_l2(fs, fs_ref).rel_l2;
+    const double vs_whole = relative_l2(t->o, whole.o).rel_l2;
+    std::printf("[%s] %s: o %.3e, final state %.3e; whole sequences: o %.3e, final state %.3e; "
+                "o vs whole %.3e\n",
+                c.name.c_str(), label, eo, es, eo_whole, es_whole, vs_whole);
+    EXPECT_TRUE(rel_l2_below("o", t->o, ref.o, 4e-3));
+    EXPECT_TRUE(rel_l2_below("final state", fs, fs_ref, 2e-3));
+    // the chain costs no accuracy: within 10% (+ 1e-4) of the whole-sequence recurrence's error
+    EXPECT_LE(eo, 1.1 * eo_whole + 1e-4);
+    EXPECT_LE(es, 1.1 * es_whole + 1e-4);
+    // and it ran: the start states passed through it round differently somewhere
+    EXPECT_GT(vs_whole, 0.0) << "bitwise equal to the whole-sequence outputs: no segments ran";
+    if (t->chunk_states.defined())
+      EXPECT_TRUE(rel_l2_below("chunk states", t->chunk_states, ref.chunk_states, 2e-3));
+  }
+  EXPECT_TRUE(bitwise_equal("o (second run)", again.o, model.o));
+  EXPECT_TRUE(bitwise_equal("final state (second run)", final_state_of(c, again), final_state_of(c, model)));
+  if (model.chunk_states.defined())
+    EXPECT_TRUE(bitwise_equal("chunk states (second run)", again.chunk_states, model.chunk_states));
+}
+
+INSTANTIATE_TEST_SUITE_P(Long, PrefillSegmentsGpu, ::testing::ValuesIn(long_cases()),
+                         [](const ::testing::TestParamInfo<LongCase>& info) { return std::string(info.param.name); });
 
 }  // namespace
 }  // namespace kdakit::testing
