@@ -63,7 +63,14 @@ def test_decode_inputs_pool_indices():
 def test_case_lists_cover_targets():
     names = [c.name for c in testing.prefill_bench_cases()]
     assert "H96-fixed" in names and "H4-T32K" in names and "H32-fixed-softplus" in names
-    assert all(c.total_tokens == 8192 for c in testing.prefill_bench_cases() if "T32K" not in c.name)
+    few = ("T8K", "T32K", "T128K", "32K+8x1K")
+    assert all(c.total_tokens == 8192 for c in testing.prefill_bench_cases()
+               if not any(k in c.name for k in few))
+    # issue 6: H = 4, 8, 16, 32 at 8K / 32K / 128K (H32 at 8K is H32-fixed) and 32K + 8 x 1K
+    for h in (4, 8, 16, 32):
+        for k in few:
+            if (h, k) != (32, "T8K"):
+                assert f"H{h}-{k}" in names
     assert len(testing.decode_bench_cases()) == 10
     cats = {c.category for c in testing.prefill_test_cases()}
     assert cats == {"regular", "irregular", "corner"}

@@ -435,6 +435,8 @@ def main(argv: list[str] | None = None) -> int:
                 po = peer_out["o"] if isinstance(peer_out, dict) else peer_out
                 row.metrics[f"relL2 vs {name}"] = testing.rel_l2(out.float().cpu(), po.float().cpu())
         rows.append(row)
+        if args.json:  # after every row: a run cut short by a time limit keeps what it measured
+            testing.write_json(args.json, rows, {"device": torch.cuda.get_device_name(), "partial": True})
         if any(row.peers_ms.get(n) is not None for n in live) or notes:
             print(f"{'':<22} " + "".join(f"  {n} {row.peers_ms.get(n)} ms" for n in live)
                   + (f"  ({'; '.join(notes)})" if notes else ""), flush=True)

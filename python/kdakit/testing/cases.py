@@ -203,7 +203,8 @@ _MIXED = (1300, 547, 2048, 963, 271, 3063)
 
 def prefill_bench_cases() -> list[PrefillCase]:
     """The prefill cases of TARGETS.md, T = 8192 tokens in total, K = V = 128, then few heads
-    with one long sequence (T = 32768) and the softplus gate."""
+    with long sequences (issue 6: H = 4, 8, 16, 32 at T = 8K, 32K, 128K, and 32K + 8 x 1K
+    packed) and the softplus gate."""
     shapes = {
         "fixed": (8192,),
         "mixed": _MIXED,
@@ -224,8 +225,15 @@ def prefill_bench_cases() -> list[PrefillCase]:
     for h, names in per_h.items():
         for n in names:
             cases.append(PrefillCase(name=f"H{h}-{n}", seqlens=shapes[n], H=h))
-    for h in (4, 8, 16):
-        cases.append(PrefillCase(name=f"H{h}-T32K", seqlens=(32768,), H=h, category="irregular"))
+    # few heads, long sequences (issue 6): one sequence of 8K / 32K / 128K tokens, and one of 32K
+    # packed with eight of 1K
+    for h in (4, 8, 16, 32):
+        for label, t in (("T8K", 8192), ("T32K", 32768), ("T128K", 131072)):
+            if h == 32 and t == 8192:
+                continue  # H32-fixed above
+            cases.append(PrefillCase(name=f"H{h}-{label}", seqlens=(t,), H=h, category="irregular"))
+        cases.append(PrefillCase(name=f"H{h}-32K+8x1K", seqlens=(32768,) + (1024,) * 8, H=h,
+                                 category="irregular"))
     for n in ("fixed", "1024x8"):
         cases.append(PrefillCase(name=f"H32-{n}-softplus", seqlens=shapes[n], H=32,
                                  gate="softplus", category="irregular"))
