@@ -86,11 +86,21 @@ int fused_consumers_override() {
 
 PrefillPath forced_path() { return path_override != PrefillPath::kAuto ? path_override : forced_path_env(); }
 
-// KDAKIT_PREFILL_SEGMENTS forces the two-kernel path's segments (tests, benchmarks):
-// "0" whole sequences, "L" segments of L chunks, "L:rows:summary_rows" also the value rows per
-// CTA of the recurrence (16..128) and of the summary pass (64 or 128). Unset: the cost model.
+// KDAKIT_PREFILL_SEGMENTS sets the two-kernel path's segments (tests, benchmarks): "auto" the
+// cost model's choice, "0" whole sequences, "L" segments of L chunks, "L:rows:summary_rows" also
+// the value rows per CTA of the recurrence (16..128) and of the summary pass (64 or 128).
+// Unset: kSegmentsByDefault.
+//
+// NOTE: segments are off by default for now. Every H200 test of them passed (29 cases with
+// segments of 1, 2 and 3 chunks, pools in place, chunk states, T = 32K / 128K, sanitizers),
+// but the test inputs' gates forget the state within a chunk or two, so the (Psi, Phi) chain
+// carried ~1e-7 of the state: a wrong Phi would have passed too. The slow-gate cases
+// (PrefillCase::slow_gate) that make it carry O(1) were written after the last device run of
+// 2026-12-01; the cost model becomes the default once they pass.
+constexpr bool kSegmentsByDefault = false;
 struct ForcedSegments {
   bool set = false;
+  bool model = false;  // the cost model's choice
   int32_t chunks = 0;
   int rows = 0;
   int summary_rows = 0;
@@ -102,6 +112,10 @@ ForcedSegments forced_segments() {
     ForcedSegments r;
     const char* env = std::getenv("KDAKIT_PREFILL_SEGMENTS");
     if (env == nullptr || *env == '\0') return r;
+    if (std::string(env) == "auto") {
+      r.set = r.model = true;
+      return r;
+    }
     int l = 0, rows = 0, srows = 0;
     const int got = std::sscanf(env, "%d:%d:%d", &l, &rows, &srows);
     if (got < 1 || l < 0) return r;
@@ -120,7 +134,11 @@ prefill::SegmentChoice segment_choice(const PrefillParams& p) {
   prefill::SegmentChoice c =
       prefill::choose_segments(p.batch, p.seqlen, p.num_seqs, packed, p.num_v_heads, current_num_sms());
   const ForcedSegments f = forced_segments();
-  if (f.set) {
+  const bool model = f.set ? f.model : kSegmentsByDefault;
+  if (!model && !f.set) {
+    c.segment_chunks = 0;
+    c.rows = prefill::recurrence_value_rows(p.num_seqs, p.num_v_heads, current_num_sms());
+  } else if (f.set && !f.model) {
     if (f.chunks == 0) {
       c.segment_chunks = 0;
       c.rows = prefill::recurrence_value_rows(p.num_seqs, p.num_v_heads, current_num_sms());
@@ -138,7 +156,8 @@ prefill::SegmentChoice segment_choice(const PrefillParams& p) {
 // the cost model picks (16 chunks: the most slots), for sequences long enough to be segmented.
 int32_t sizing_segment_chunks(const PrefillParams& p) {
   const ForcedSegments f = forced_segments();
-  if (f.set) return f.chunks;
+  if (f.set && !f.model) return f.chunks;
+  if (!f.set && !kSegmentsByDefault) return 0;
   return (p.seqlen + prefill::kChunk - 1) / prefill::kChunk > 16 ? 16 : 0;
 }
 
@@ -166,8 +185,14 @@ bool use_fused(const PrefillParams& p) {
 
 void set_prefill_path(PrefillPath path) { path_override = path; }
 
+int32_t prefill_segment_chunks(const PrefillParams& p) { return segment_choice(p).segment_chunks; }
+
 void set_prefill_segments(int32_t segment_chunks, int rows) {
   segments_override = ForcedSegments{};
+  if (segment_chunks == kSegmentsModel) {
+    segments_override.set = segments_override.model = true;
+    return;
+  }
   if (segment_chunks < 0) return;
   segments_override.set = true;
   segments_override.chunks = segment_chunks;

@@ -14,10 +14,15 @@ enum class PrefillPath { kAuto, kFused, kChunked, kTokenSerial };
 // workspace size queries); kAuto removes the override. Not for concurrent use.
 void set_prefill_path(PrefillPath path);
 // The same for the two-kernel path's segments (few heads, long sequences): segment_chunks > 0
-// cuts sequences into segments of that many chunks, 0 runs whole sequences, < 0 removes the
-// override (the cost model decides; KDAKIT_PREFILL_SEGMENTS too). rows: the recurrence's value
-// rows per CTA (16, 32, 64, 128; else the model's).
+// cuts sequences into segments of that many chunks, 0 runs whole sequences, kSegmentsModel
+// takes the cost model's choice, other negatives remove the override (KDAKIT_PREFILL_SEGMENTS
+// or the default, see dispatch.cu). rows: the recurrence's value rows per CTA (16, 32, 64,
+// 128; else the model's).
+inline constexpr int32_t kSegmentsModel = -2;
 void set_prefill_segments(int32_t segment_chunks, int rows = 0);
+// Segment length (chunks) the two-kernel path takes for this call now (0: whole sequences), after
+// the overrides; reads no device memory.
+int32_t prefill_segment_chunks(const PrefillParams& p);
 
 // Device workspace bytes run_prefill needs for these sizes (reads no device memory).
 size_t prefill_workspace_size(const PrefillParams& p);

@@ -61,18 +61,31 @@ constexpr double recurrence_chunk_us(int rows) {
 }
 constexpr double waves(int64_t ctas, int num_sms) { return double((ctas + num_sms - 1) / num_sms); }
 
+// Predicted time of one pass: `ctas` CTAs with chains of at most `chain` chunks at `us` per chunk.
+// Fixed batches: every CTA has the same chain, so whole waves. Packed batches (lengths unknown on
+// the host): the longest chain, or the total chunk work spread over the SMs, whichever is longer
+// (short sequences' CTAs finish early and others take their SMs).
+constexpr double pass_us(bool packed, int64_t ctas, int64_t chain, int64_t total_cta_chunks, double us,
+                         int num_sms) {
+  if (!packed) return waves(ctas, num_sms) * double(chain) * us;
+  const double spread = double(total_cta_chunks) * us / double(num_sms);
+  const double longest = double(chain) * us;
+  return spread > longest ? spread : longest;
+}
+
 // Shortest predicted recurrence time over segment lengths of 16 .. 256 chunks, or whole
 // sequences when segmenting does not save a fifth. Packed batches: the longest sequence may
-// hold all T tokens, and the CTAs with work are bounded by the total chunks.
+// hold all T tokens, and the total chunks are at most T / 64 + N.
 constexpr SegmentChoice choose_segments(int64_t batch, int64_t seqlen, int64_t num_seqs, bool packed,
                                         int32_t num_v_heads, int num_sms) {
   SegmentChoice best{};
   const int64_t nc = (seqlen + 63) / 64;  // chunks of the longest sequence
+  const int64_t total_chunks = packed ? nc + num_seqs : batch * nc;
   const int rows0 = recurrence_value_rows(num_seqs, num_v_heads, num_sms);
   best.rows = rows0;
-  best.unsegmented_us = waves(num_seqs * num_v_heads * (128 / rows0), num_sms) * double(nc) * recurrence_chunk_us(rows0);
+  best.unsegmented_us = pass_us(packed, num_seqs * num_v_heads * (128 / rows0), nc,
+                                total_chunks * num_v_heads * (128 / rows0), recurrence_chunk_us(rows0), num_sms);
   best.predicted_us = best.unsegmented_us;
-  (void)batch;
   if (num_seqs <= 0 || nc <= 16) return best;
   for (int32_t ls = 16; ls <= 256; ls *= 2) {
     if (ls >= nc) break;
@@ -84,11 +97,14 @@ constexpr SegmentChoice choose_segments(int64_t batch, int64_t seqlen, int64_t n
     c.segment_chunks = ls;
     double summary = 1e30, rec = 1e30;
     for (int r = 64; r <= 128; r *= 2) {
-      const double t = waves(full * num_v_heads * 2 * (128 / r), num_sms) * ls * 0.75 * recurrence_chunk_us(r);
+      const int64_t ctas = full * num_v_heads * 2 * (128 / r);
+      const double t = pass_us(packed, ctas, ls, ctas * ls, 0.75 * recurrence_chunk_us(r), num_sms);
       if (t < summary) { summary = t; c.summary_rows = r; }
     }
     for (int r = 32; r <= 128; r *= 2) {
-      const double t = waves(segs * num_v_heads * (128 / r), num_sms) * ls * recurrence_chunk_us(r);
+      const int64_t ctas = segs * num_v_heads * (128 / r);
+      const double t = pass_us(packed, ctas, ls, total_chunks * num_v_heads * (128 / r), recurrence_chunk_us(r),
+                               num_sms);
       if (t < rec) { rec = t; c.rows = r; }
     }
     c.predicted_us = summary + rec + 1.5 * double(per_seq - 1) + 6.0;
@@ -105,5 +121,14 @@ constexpr SegmentChoice choose_segments(int64_t batch, int64_t seqlen, int64_t n
 static_assert(choose_segments(1, 32768, 1, false, 4, 132).segment_chunks > 0, "H4 T=32K: segments");
 static_assert(choose_segments(1, 8192, 1, false, 96, 132).segment_chunks == 0, "H96: whole sequences");
 static_assert(choose_segments(1, 8192, 1, false, 64, 132).segment_chunks == 0, "H64: whole sequences");
+// NOTE: packed many-head batches keep whole sequences (a first model, waves x the longest
+// possible chain, took segments for H96 mixed and measured 5-20% slower on every packed TARGETS
+// row of H96/H64/H32)
+static_assert(choose_segments(1, 8192, 6, true, 96, 132).segment_chunks == 0, "H96 mixed: whole sequences");
+static_assert(choose_segments(1, 8192, 8, true, 96, 132).segment_chunks == 0, "H96 1024x8: whole sequences");
+static_assert(choose_segments(1, 8192, 9, true, 96, 132).segment_chunks == 0, "H96 4096+8x512");
+static_assert(choose_segments(1, 8192, 6, true, 64, 132).segment_chunks == 0, "H64 mixed: whole sequences");
+static_assert(choose_segments(1, 8192, 8, true, 32, 132).segment_chunks == 0, "H32 1024x8: whole sequences");
+static_assert(choose_segments(1, 40960, 9, true, 4, 132).segment_chunks > 0, "H4 32K + 8 x 1K: segments");
 
 }  // namespace kdakit::sm90::prefill
