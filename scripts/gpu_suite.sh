@@ -73,7 +73,7 @@ if [ "$run_tests" = 1 ]; then
       grep -E '^\[  FAILED  \].*\(' "$log" | head -3
     done
   done
-  grep -h "segmented:" "$out/logs/prefill_gpu_test.log" | tee -a "$summary"
+  grep -h "o vs whole" "$out/logs/prefill_gpu_test.log" | tee -a "$summary"
   for tool in memcheck racecheck; do
     KDAKIT_PREFILL_PATH=chunked KDAKIT_PREFILL_SEGMENTS=2 timeout 180 compute-sanitizer --tool $tool \
       "$stage/bin/prefill_gpu_test" --gtest_filter='*long_packed_softplus*:*many_short*:*long_fixed_gva*' \

@@ -42,6 +42,9 @@ struct PrefillCase {
   bool has_A_log = true;    // optional for the lower-bound gate, required by softplus
   bool has_dt_bias = true;  // null dt_bias means zeros
   bool scalar_gate = false;
+  // precomputed gate only: decay rates exp(U(-10, -6)) per token instead of exp(U(-6, 0)), so
+  // the state outlives thousands of tokens (segment chains then carry O(1) of it)
+  bool slow_gate = false;
   DType dtype_qkv = DType::kBFloat16;
   DType dtype_g = DType::kFloat32;
   DType dtype_beta = DType::kFloat32;
@@ -117,6 +120,7 @@ struct DecodeCase {
   bool has_A_log = true;
   bool has_dt_bias = true;
   bool scalar_gate = false;
+  bool slow_gate = false;  // as PrefillCase::slow_gate
   DType dtype_qkv = DType::kBFloat16;
   DType dtype_g = DType::kFloat32;
   DType dtype_beta = DType::kFloat32;
@@ -209,8 +213,9 @@ void make_activations(const Case& c, Tensors& t, Rng& rng) {
   fill_qk(t.k, c.l2norm, rng);
   t.v.fill_uniform(rng, -1.0, 1.0);
   if (c.gate == GateMode::kPrecomputed) {
-    // gamma in [-1, -0.0025]: log-uniform decay rates.
-    for (int64_t e = 0; e < t.g.numel(); ++e) t.g.set(e, -std::exp(rng.uniform(-6.0, 0.0)));
+    // gamma in [-1, -0.0025]: log-uniform decay rates (slow_gate: [-0.0025, -4.5e-5]).
+    const double lo = c.slow_gate ? -10.0 : -6.0, hi = c.slow_gate ? -6.0 : 0.0;
+    for (int64_t e = 0; e < t.g.numel(); ++e) t.g.set(e, -std::exp(rng.uniform(lo, hi)));
   } else {
     t.g.fill_uniform(rng, -4.0, 4.0);  // raw gate pre-activation
   }

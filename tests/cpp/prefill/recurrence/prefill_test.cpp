@@ -48,6 +48,17 @@ std::vector<PrefillCase> gpu_cases() {
                  .gate = GateMode::kSoftplus,
                  .dtype_g = DType::kBFloat16,
                  .dtype_beta = DType::kBFloat16});
+  // slow decay: the state outlives the sequence, so forced segments (gpu_suite.sh) chain O(1) of it
+  all.push_back({.name = "long_packed_slow_gate",
+                 .seq_lens = {1500, 0, 700, 2100},
+                 .H = 1,
+                 .HV = 2,
+                 .K = 128,
+                 .V = 128,
+                 .gate = GateMode::kPrecomputed,
+                 .has_A_log = false,
+                 .has_dt_bias = false,
+                 .slow_gate = true});
   all.push_back({.name = "strided_views_aligned", .seq_lens = {29, 100}, .H = 2, .HV = 4, .K = 128, .V = 128, .pad = 8});
   all.push_back({.name = "many_short", .seq_lens = {1, 2, 3, 5, 8, 13, 21, 34, 55, 0, 89}, .K = 128, .V = 128,
                  .initial = StateSource::kPool, .final_state = StateSource::kPool, .extra_slots = 4, .in_place = true});
@@ -99,10 +110,11 @@ INSTANTIATE_TEST_SUITE_P(Cases, PrefillGpu, ::testing::ValuesIn(gpu_cases()),
 
 // Segmented prefill (few heads, long sequences; docs/design/20261201-prefill-segments.md): one
 // sequence of T tokens at H = 1 takes segments under the cost model. The gate is the
-// precomputed one with log-uniform decay rates down to 0.0025 per token, so that part of the
-// state outlives a segment and the (Psi, Phi) chain carries it (with the lower-bound gate of
-// the other cases everything older than a chunk or two underflows and the chain would pass
-// zeros). Against the float64 reference, at T = 32K and 128K (issue 6), and against the
+// precomputed one with slow decay rates (slow_gate: 4.5e-5 .. 2.5e-3 per token), so the
+// state outlives a segment and the (Psi, Phi) chain carries O(1) of it. (With the other cases'
+// gates everything older than a chunk or two underflows: on the H200 the model's segments of
+// 16 chunks then gave outputs bitwise equal to the whole-sequence path, and a wrong Phi would
+// have passed.) Against the float64 reference, at T = 32K and 128K (issue 6), and against the
 // whole-sequence recurrence on the same inputs, which the chain must match in accuracy: the
 // cost model's segments, and segments of 2 chunks (the longest chain). Also a packed batch with a
 // long sequence among short ones, in place in a pool, with chunk states every 1024 tokens.
@@ -113,7 +125,8 @@ struct LongCase {
 std::vector<LongCase> long_cases() {
   std::vector<LongCase> all;
   const PrefillCase one{.name = "T32K", .seqlen = 32768, .H = 1, .HV = 1, .K = 128, .V = 128,
-                        .gate = GateMode::kPrecomputed, .has_A_log = false, .has_dt_bias = false};
+                        .gate = GateMode::kPrecomputed, .has_A_log = false, .has_dt_bias = false,
+                        .slow_gate = true};
   all.push_back({"T32K", one});
   PrefillCase longer = one;
   longer.name = "T128K";
@@ -130,6 +143,7 @@ std::vector<LongCase> long_cases() {
                   .gate = GateMode::kPrecomputed,
                   .has_A_log = false,
                   .has_dt_bias = false,
+                  .slow_gate = true,
                   .initial = StateSource::kPool,
                   .final_state = StateSource::kPool,
                   .extra_slots = 3,
@@ -148,14 +162,23 @@ TEST_P(PrefillSegmentsGpu, AccuracyEqualsWholeSequences) {
   PrefillTensors model = make_prefill_tensors(c, rng);
   PrefillTensors again = model, short_segs = model, whole = model, ref = model;
 
+  // the segment length each run takes (the dispatcher's choice for these sizes)
+  const PrefillParams sizes = fill_prefill_params(c, model, host_pointers(model));
   sm90::set_prefill_path(sm90::PrefillPath::kChunked);
-  sm90::set_prefill_segments(-1);  // the cost model's choice: segments for a long sequence
+  sm90::set_prefill_segments(sm90::kSegmentsModel);  // the cost model: segments for a long sequence
+  const int32_t ls_model = sm90::prefill_segment_chunks(sizes);
   const Status st_model = run_prefill_on_gpu(c, model);
   const Status st_again = run_prefill_on_gpu(c, again);
   sm90::set_prefill_segments(2, 32);
+  const int32_t ls_short = sm90::prefill_segment_chunks(sizes);
   const Status st_short = run_prefill_on_gpu(c, short_segs);
   sm90::set_prefill_segments(0);
+  const int32_t ls_whole = sm90::prefill_segment_chunks(sizes);
   const Status st_whole = run_prefill_on_gpu(c, whole);
+  std::printf("[%s] segment chunks: model %d, forced %d, whole %d\n", c.name.c_str(), ls_model, ls_short, ls_whole);
+  EXPECT_GT(ls_model, 0) << "the cost model keeps whole sequences for one long sequence at H = 1";
+  EXPECT_EQ(ls_short, 2);
+  EXPECT_EQ(ls_whole, 0);
   sm90::set_prefill_segments(-1);
   sm90::set_prefill_path(sm90::PrefillPath::kAuto);
   for (const Status* st : {&st_model, &st_again, &st_short, &st_whole}) ASSERT_TRUE(st->ok()) << st->message();
