@@ -6,11 +6,15 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <algorithm>
 #include <functional>
+#include <random>
+#include <set>
 #include <string>
 #include <vector>
 
 #include "api/metadata_checks.h"
+#include "cuda/sm90/prefill/workspace.h"
 #include "kdakit/kdakit.h"
 
 namespace kdakit {
@@ -55,6 +59,46 @@ TEST(PlanWorkspaceSize, FromBatchFieldsAloneAndMonotone) {
   EXPECT_LT(base, prefill_workspace_size(batch_fields(8193, 64, 32, cu.data())));
   // fixed batch of 2 x 100 tokens: 2 chunks per row per value head
   EXPECT_GT(prefill_workspace_size(batch_fields(100, 2, 4, nullptr)), 0u);
+}
+
+// Segmented prefill (workspace.h): the full segments of every sequence of a batch get distinct
+// slots inside the segment area, for any segment length and any lengths that fit T and N.
+TEST(PlanWorkspaceSize, SegmentSlotsAreDistinctAndInsideTheArea) {
+  namespace pf = sm90::prefill;
+  std::mt19937_64 rng(std::random_device{}());
+  for (int trial = 0; trial < 300; ++trial) {
+    const bool packed = trial % 3 != 0;
+    const int64_t N = 1 + int64_t(rng() % 12);
+    const int64_t T = 1 + int64_t(rng() % 6000);
+    const int32_t ls = 1 + int32_t(rng() % 20);
+    // lengths: fixed batch, all T; packed, a random split of at most T tokens (empties too)
+    std::vector<int64_t> lens(size_t(N), T);
+    if (packed) {
+      int64_t left = T;
+      for (auto& l : lens) {
+        l = rng() % 3 == 0 ? 0 : int64_t(rng() % uint64_t(left + 1));
+        left -= l;
+      }
+    }
+    const pf::WorkspacePlan w = pf::make_workspace_plan(packed ? 1 : N, T, N, packed, 4, ls);
+    ASSERT_GT(w.num_segment_slots, 0);
+    std::set<int64_t> used;
+    int64_t c0 = 0;
+    for (int64_t len : lens) {
+      const int64_t nc = (len + pf::kChunk - 1) / pf::kChunk;
+      const int64_t nseg = std::max<int64_t>(1, (nc + ls - 1) / ls);
+      ASSERT_LE(nseg, w.max_segments) << "len " << len << " T " << T << " ls " << ls;
+      for (int64_t s = 0; s + 1 < nseg; ++s) {  // full segments
+        const int64_t slot = pf::segment_slot(c0, s, ls);
+        EXPECT_GE(slot, 0);
+        EXPECT_LT(slot, w.num_segment_slots) << "c0 " << c0 << " s " << s << " ls " << ls;
+        EXPECT_TRUE(used.insert(slot).second) << "slot " << slot << " taken twice (ls " << ls << ")";
+      }
+      c0 += nc;
+    }
+    EXPECT_LE(c0, w.max_chunks);
+    EXPECT_EQ(w.total_bytes, w.segments_offset + size_t(w.num_segment_slots) * 4 * pf::kSegmentBytes);
+  }
 }
 
 TEST(PlanWorkspaceSize, InvalidBatchFieldsSizeNothing) {

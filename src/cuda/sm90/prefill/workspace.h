@@ -77,6 +77,10 @@ struct SegmentLayout {
 };
 inline constexpr size_t kSegmentBytes = SegmentLayout::kBytes;
 
+// Slot of full segment s of a sequence whose chunks start at global chunk c0 (segments of ls
+// chunks; host and device).
+constexpr int64_t segment_slot(int64_t c0, int64_t s, int64_t ls) { return (c0 + s * ls + ls - 1) / ls; }
+
 struct WorkspacePlan {
   int64_t num_seqs;
   int64_t max_chunks;

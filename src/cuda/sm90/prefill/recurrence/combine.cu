@@ -72,7 +72,7 @@ __global__ void __launch_bounds__(kThreads, 1) kda_prefill_combine_sm90_kernel(c
   const int full_segments = nseg - 1;
 
   auto area = [&](int s) {
-    const int64_t slot = (int64_t(c0) + int64_t(s) * ls + ls - 1) / ls;
+    const int64_t slot = segment_slot(c0, s, ls);
     return p.segments + (size_t(slot) * HV + h) * kSegmentBytes;
   };
   auto issue = [&](int s) {

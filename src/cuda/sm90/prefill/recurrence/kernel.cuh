@@ -94,10 +94,6 @@ struct KernelParams {
   int32_t max_segments;           // grid extent of the segment index
 };
 
-// Slot of full segment s of a sequence whose chunks start at global chunk c0 (workspace.h).
-__device__ __forceinline__ int64_t segment_slot(int c0, int s, int ls) {
-  return (int64_t(c0) + int64_t(s) * ls + ls - 1) / ls;
-}
 __device__ __forceinline__ uint8_t* segment_at(const KernelParams& p, int64_t slot, int h) {
   return p.segments + (size_t(slot) * p.num_v_heads + h) * kSegmentBytes;
 }
