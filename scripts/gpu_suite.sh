@@ -102,8 +102,11 @@ if [ "$run_tests" = 1 ]; then
 fi
 
 if [ "$run_bench" = 1 ]; then
-  if [ -f .carry/triton-cache.tar.gz ] && [ ! -d "$HOME/.triton/cache" ]; then
-    mkdir -p "$HOME/.triton" && tar -xzf .carry/triton-cache.tar.gz -C "$HOME/.triton"
+  # FLA caches its Triton autotuning results on disk (FLA_CACHE_RESULTS, default on): the
+  # *.autotune.json files of an earlier run (a few KB; the compiled kernels are too big to
+  # bring back) spare the new shapes' autotuning, up to a minute each.
+  if [ -f .carry/triton-autotune.tar.gz ]; then
+    mkdir -p "$HOME/.triton" && tar -xzf .carry/triton-autotune.tar.gz -C "$HOME/.triton"
   fi
   timeout "${KDAKIT_BENCH_TIMEOUT:-3000}" python3 -m kdakit.bench.prefill --json "$out/prefill.json" --png "$out/prefill.png" "$@" \
     >"$out/logs/bench_prefill.log" 2>&1
@@ -122,8 +125,10 @@ fi
 tar -C "$out" -czf "$out/logs.tar.gz" logs
 # NOTE: the device tool returns at most 8 files: the logs travel as the one tarball above.
 cp "$summary" "$out/summary.txt"
-# Triton's autotuning cache (FLA), to carry into a later run.
-[ -d "$HOME/.triton/cache" ] && tar -C "$HOME/.triton" -czf "$out/triton-cache.tar.gz" cache
+# FLA's autotuning results, to carry into a later run as .carry/triton-autotune.tar.gz.
+if [ -d "$HOME/.triton/cache" ]; then
+  (cd "$HOME/.triton" && find cache -name '*.autotune.json' | tar -czf "$out/triton-autotune.tar.gz" -T -)
+fi
 echo "=== prefill"; tail -30 "$out/logs/bench_prefill.log" 2>/dev/null
 echo "=== prefill from a pool"; tail -12 "$out/logs/bench_prefill_pool.log" 2>/dev/null
 echo "=== plan once vs per call"; tail -8 "$out/logs/bench_plan_compare.log" 2>/dev/null
