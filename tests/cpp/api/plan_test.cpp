@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "api/metadata_checks.h"
+#include "cuda/sm90/prefill/dispatch.h"
 #include "cuda/sm90/prefill/workspace.h"
 #include "kdakit/kdakit.h"
 
@@ -100,6 +101,51 @@ TEST(PlanWorkspaceSize, SegmentSlotsAreDistinctAndInsideTheArea) {
     EXPECT_EQ(w.total_bytes, w.segments_offset + size_t(w.num_segment_slots) * 4 * pf::kSegmentBytes);
   }
 }
+
+#if KDAKIT_WITH_CUDA
+// The segment switch of the two-kernel path (dispatch.h; docs/contract.md, "Segments"): off by
+// default, the cost model on request, forced lengths, and a workspace that grows by the segment
+// area exactly when segments are taken. Host only: nothing launches.
+TEST(PlanWorkspaceSize, SegmentSwitchAndItsWorkspace) {
+  namespace pf = sm90::prefill;
+  PrefillParams p = batch_fields(32768, 1, 4, nullptr);  // H4, one sequence of 32K tokens
+  p.num_qk_heads = 4;
+  p.head_dim_k = p.head_dim_v = 128;
+  sm90::set_prefill_path(sm90::PrefillPath::kChunked);
+  const pf::WorkspacePlan whole = pf::make_workspace_plan(1, 32768, 1, false, 4);
+
+  sm90::set_prefill_segments(-1);  // no override: the default, whole sequences
+  EXPECT_EQ(sm90::prefill_segment_chunks(p), 0);
+  EXPECT_EQ(prefill_workspace_size(p), whole.total_bytes);
+
+  sm90::set_prefill_segments(sm90::kSegmentsModel);
+  const int32_t ls = sm90::prefill_segment_chunks(p);
+  EXPECT_GT(ls, 0);  // at any SM count of the H100/H200 family (132 here without a GPU)
+  const size_t with_segments = prefill_workspace_size(p);
+  EXPECT_EQ(with_segments, pf::make_workspace_plan(1, 32768, 1, false, 4, ls).total_bytes);
+  EXPECT_GT(with_segments, whole.total_bytes);
+  // sized from the batch fields alone, the buffer covers the model's choice (Ls = 16, the most slots)
+  PrefillParams sizes_only = batch_fields(32768, 1, 4, nullptr);
+  EXPECT_GE(prefill_workspace_size(sizes_only), with_segments);
+
+  sm90::set_prefill_segments(3, 32);
+  EXPECT_EQ(sm90::prefill_segment_chunks(p), 3);
+  EXPECT_EQ(prefill_workspace_size(p), pf::make_workspace_plan(1, 32768, 1, false, 4, 3).total_bytes);
+  sm90::set_prefill_segments(0);
+  EXPECT_EQ(sm90::prefill_segment_chunks(p), 0);
+  EXPECT_EQ(prefill_workspace_size(p), whole.total_bytes);
+
+  // many heads keep whole sequences under the model too (no regression at H = 96)
+  sm90::set_prefill_segments(sm90::kSegmentsModel);
+  PrefillParams h96 = batch_fields(8192, 1, 96, nullptr);
+  h96.num_qk_heads = 96;
+  h96.head_dim_k = h96.head_dim_v = 128;
+  EXPECT_EQ(sm90::prefill_segment_chunks(h96), 0);
+
+  sm90::set_prefill_segments(-1);
+  sm90::set_prefill_path(sm90::PrefillPath::kAuto);
+}
+#endif
 
 TEST(PlanWorkspaceSize, InvalidBatchFieldsSizeNothing) {
   std::vector<int64_t> cu(3, 0);
