@@ -10,8 +10,64 @@
 #include <cstdint>
 
 #include "cuda/sm90/prefill/workspace.h"
+#include "kdakit/kdakit.h"
 
 namespace kdakit::sm90::prefill::common {
+
+// ---- state fields of a call --------------------------------------------------------------
+// What every chunked prefill kernel reads of the initial, final and chunk states: the base of
+// their kernel-side params structs, filled once by state_params.
+struct StateParams {
+  const void* initial_state;             // [slots, HV, state], nullable
+  const int32_t* initial_state_indices;  // [N], nullable
+  int64_t stride_initial_state_n;
+  void* final_state;                     // [slots, HV, state], nullable
+  const int32_t* final_state_indices;    // [N], nullable
+  int64_t stride_final_state_n;
+  int64_t num_state_slots;               // slots when indexed, else N
+  void* chunk_states;                    // [rows, HV, state], nullable
+  int64_t num_chunk_states;              // entries
+  const int32_t* chunk_state_indices;    // [num_chunk_states] destination rows, nullable (dense)
+  int64_t num_chunk_state_slots;         // rows when indexed
+  int64_t stride_chunk_states_n;         // between rows (elements); 0 = HV * K * V
+  int32_t chunk_state_interval;          // multiple of 64 when chunk_states is set
+  bool chunk_bf16;                       // chunk states stored as bf16
+  bool chunk_pairs;                      // ... with aligned pair stores
+  bool state_bf16;
+  bool k_first;
+  bool state_pairs;  // two neighbouring key channels of a V-first state are one aligned access
+};
+
+inline StateParams state_params(const PrefillParams& p) {
+  const bool bf16 = p.dtype_state == DType::kBFloat16;
+  const size_t elem = bf16 ? 2 : 4;
+  auto pairs_ok = [&](const void* ptr, int64_t stride) {
+    return ptr == nullptr || (reinterpret_cast<uintptr_t>(ptr) % (2 * elem) == 0 && stride % 2 == 0);
+  };
+  StateParams s{};
+  s.initial_state = p.initial_state;
+  s.initial_state_indices = p.initial_state_indices;
+  s.stride_initial_state_n = p.stride_initial_state_n;
+  s.final_state = p.final_state;
+  s.final_state_indices = p.final_state_indices;
+  s.stride_final_state_n = p.stride_final_state_n;
+  s.num_state_slots =
+      (p.initial_state_indices != nullptr || p.final_state_indices != nullptr) ? p.num_state_slots : p.num_seqs;
+  s.chunk_states = p.chunk_states;
+  s.num_chunk_states = p.num_chunk_states;
+  s.chunk_state_indices = p.chunk_state_indices;
+  s.num_chunk_state_slots = p.num_chunk_state_slots;
+  s.stride_chunk_states_n = p.stride_chunk_states_n;
+  s.chunk_state_interval = p.chunk_state_interval;
+  s.chunk_bf16 = chunk_states_dtype(p) == DType::kBFloat16;
+  s.chunk_pairs = p.chunk_states == nullptr ||
+                  (reinterpret_cast<uintptr_t>(p.chunk_states) % (s.chunk_bf16 ? 4 : 8) == 0 &&
+                   p.stride_chunk_states_n % 2 == 0);
+  s.state_bf16 = bf16;
+  s.k_first = p.state_layout == StateLayout::kKFirst;
+  s.state_pairs = pairs_ok(p.initial_state, p.stride_initial_state_n) && pairs_ok(p.final_state, p.stride_final_state_n);
+  return s;
+}
 
 // ---- state fragments ------------------------------------------------------------------------
 // Thread (group, quad) of a warp owning value rows vrow .. vrow + 15 holds, in tile j (key
@@ -112,6 +168,23 @@ __device__ __forceinline__ void store_state(const float (&s)[16][4], void* base,
 // Address of one (slot, head) state: `elements` counted in the storage dtype.
 __device__ __forceinline__ void* state_at(void* base, int64_t elements, bool bf16) {
   return static_cast<uint8_t*>(base) + elements * (bf16 ? 2 : 4);
+}
+
+// Value head h of sequence n's initial state (its slot, or row n), or nullptr: no initial
+// state, or a slot index out of range (start from zeros).
+__device__ __forceinline__ const void* initial_state_of(const StateParams& p, int64_t n, int h) {
+  if (p.initial_state == nullptr) return nullptr;
+  const int64_t slot = p.initial_state_indices != nullptr ? p.initial_state_indices[n] : n;
+  if (slot < 0 || slot >= p.num_state_slots) return nullptr;
+  return state_at(const_cast<void*>(p.initial_state),
+                  slot * p.stride_initial_state_n + int64_t(h) * kHeadDim * kHeadDim, p.state_bf16);
+}
+// The same for the final state (nullptr: not written).
+__device__ __forceinline__ void* final_state_of(const StateParams& p, int64_t n, int h) {
+  if (p.final_state == nullptr) return nullptr;
+  const int64_t slot = p.final_state_indices != nullptr ? p.final_state_indices[n] : n;
+  if (slot < 0 || slot >= p.num_state_slots) return nullptr;
+  return state_at(p.final_state, slot * p.stride_final_state_n + int64_t(h) * kHeadDim * kHeadDim, p.state_bf16);
 }
 
 // The layout flags of a chunk-state store, which may differ from the state's dtype.

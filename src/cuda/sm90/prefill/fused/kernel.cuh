@@ -62,8 +62,9 @@ namespace kdakit::sm90::prefill::fused {
 using kdakit::cuda::fast_exp2;
 using kdakit::cuda::pack_bf16x2;
 
-// Kernel-side parameters, derived from PrefillParams by the launcher.
-struct KernelParams {
+// Kernel-side parameters, derived from PrefillParams by the launcher (the state fields in the
+// common base).
+struct KernelParams : common::StateParams {
   const int64_t* seq_start;  // [N] plan region
   const int32_t* seq_len;    // [N] plan region
   int32_t num_seqs;
@@ -84,25 +85,6 @@ struct KernelParams {
   __nv_bfloat16* o;  // [B, T, HV, V]
   int64_t stride_o_b, stride_o_t, stride_o_h;
   bool o_pairs;  // two neighbouring value channels of o are one aligned 4-byte store
-
-  const void* initial_state;             // [slots, HV, state], nullable
-  const int32_t* initial_state_indices;  // [N], nullable
-  int64_t stride_initial_state_n;
-  void* final_state;                   // [slots, HV, state], nullable
-  const int32_t* final_state_indices;  // [N], nullable
-  int64_t stride_final_state_n;
-  int64_t num_state_slots;
-  void* chunk_states;                  // [rows, HV, state], nullable
-  int64_t num_chunk_states;            // entries
-  const int32_t* chunk_state_indices;  // [num_chunk_states] destination rows, nullable (dense)
-  int64_t num_chunk_state_slots;       // rows when indexed
-  int64_t stride_chunk_states_n;       // between rows (elements); 0 = HV * K * V
-  int32_t chunk_state_interval;        // multiple of 64 when chunk_states is set
-  bool chunk_bf16;                     // chunk states stored as bf16
-  bool chunk_pairs;                    // ... with aligned pair stores
-  bool state_bf16;
-  bool k_first;
-  bool state_pairs;
 
   float scale;
   float lower_bound;
@@ -827,16 +809,7 @@ __global__ void __launch_bounds__(Config<kConsumers>::kThreads, 1)
       float(&state4)[16][4] = reinterpret_cast<float(&)[16][4]>(state);
       {
         const int n = vld(&rec->n);
-        const void* init = nullptr;
-        if (p.initial_state != nullptr) {
-          int64_t slot = n;
-          if (p.initial_state_indices != nullptr) slot = p.initial_state_indices[n];
-          if (slot >= 0 && slot < p.num_state_slots)
-            init = common::state_at(
-                const_cast<void*>(p.initial_state),
-                slot * p.stride_initial_state_n + int64_t(vld(&rec->h)) * kHeadDim * kHeadDim,
-                p.state_bf16);
-        }
+        const void* init = common::initial_state_of(p, n, vld(&rec->h));
         if (init != nullptr) {
           common::load_state(state4, init, vrow, t, p);
         } else {
@@ -1022,16 +995,8 @@ __global__ void __launch_bounds__(Config<kConsumers>::kThreads, 1)
 
       // ---- final state (an empty sequence passes its initial state through bit for bit) ----------
       if (p.final_state != nullptr) {
-        const int n = vld(&rec->n);
-        int64_t slot = n;
-        if (p.final_state_indices != nullptr) slot = p.final_state_indices[n];
-        if (slot >= 0 && slot < p.num_state_slots)
-          common::store_state(state4,
-                              common::state_at(p.final_state,
-                                               slot * p.stride_final_state_n +
-                                                   int64_t(vld(&rec->h)) * kHeadDim * kHeadDim,
-                                               p.state_bf16),
-                              vrow, t, p);
+        void* fin = common::final_state_of(p, vld(&rec->n), vld(&rec->h));
+        if (fin != nullptr) common::store_state(state4, fin, vrow, t, p);
       }
       // The record is rewritten for the next item only after every thread has read it.
       ptx::named_barrier_sync(kConsumerBarrier0 + cw, kWarpGroup);
@@ -1061,13 +1026,8 @@ Status launch_prefill_fused(const PrefillParams& p, const WorkspacePlan& plan,
   const auto* ws = static_cast<const uint8_t*>(workspace);
   const bool packed = p.cu_seqlens != nullptr;
   const bool g_tma = p.dtype_g == DType::kBFloat16 && !p.scalar_gate;
-  const size_t state_elem = p.dtype_state == DType::kBFloat16 ? 2 : 4;
-  auto pairs_ok = [&](const void* ptr, int64_t stride) {
-    return ptr == nullptr ||
-           (reinterpret_cast<uintptr_t>(ptr) % (2 * state_elem) == 0 && stride % 2 == 0);
-  };
-
   KernelParams kp{};
+  static_cast<common::StateParams&>(kp) = common::state_params(p);
   kp.seq_start = reinterpret_cast<const int64_t*>(ws + plan.seq_start_offset);
   kp.seq_len = reinterpret_cast<const int32_t*>(ws + plan.seq_len_offset);
   kp.num_seqs = int32_t(p.num_seqs);
@@ -1094,29 +1054,6 @@ Status launch_prefill_fused(const PrefillParams& p, const WorkspacePlan& plan,
   kp.stride_o_h = p.stride_o_h;
   kp.o_pairs = reinterpret_cast<uintptr_t>(p.o) % 4 == 0 && p.stride_o_t % 2 == 0 &&
                p.stride_o_h % 2 == 0 && (packed || p.stride_o_b % 2 == 0);
-  kp.initial_state = p.initial_state;
-  kp.initial_state_indices = p.initial_state_indices;
-  kp.stride_initial_state_n = p.stride_initial_state_n;
-  kp.final_state = p.final_state;
-  kp.final_state_indices = p.final_state_indices;
-  kp.stride_final_state_n = p.stride_final_state_n;
-  kp.num_state_slots = (p.initial_state_indices != nullptr || p.final_state_indices != nullptr)
-                           ? p.num_state_slots
-                           : p.num_seqs;
-  kp.chunk_states = p.chunk_states;
-  kp.num_chunk_states = p.num_chunk_states;
-  kp.chunk_state_indices = p.chunk_state_indices;
-  kp.num_chunk_state_slots = p.num_chunk_state_slots;
-  kp.stride_chunk_states_n = p.stride_chunk_states_n;
-  kp.chunk_state_interval = p.chunk_state_interval;
-  kp.chunk_bf16 = chunk_states_dtype(p) == DType::kBFloat16;
-  kp.chunk_pairs = p.chunk_states == nullptr ||
-                   (reinterpret_cast<uintptr_t>(p.chunk_states) % (kp.chunk_bf16 ? 4 : 8) == 0 &&
-                    p.stride_chunk_states_n % 2 == 0);
-  kp.state_bf16 = p.dtype_state == DType::kBFloat16;
-  kp.k_first = p.state_layout == StateLayout::kKFirst;
-  kp.state_pairs = pairs_ok(p.initial_state, p.stride_initial_state_n) &&
-                   pairs_ok(p.final_state, p.stride_final_state_n);
   kp.scale = p.scale;
   kp.lower_bound = p.lower_bound;
   kp.use_qk_l2norm = p.use_qk_l2norm;

@@ -33,17 +33,11 @@ constexpr size_t kBufferBytes = 2 * size_t(kPhiBytes);
 constexpr size_t kBarrierOffset = 2 * kBufferBytes;
 constexpr size_t kAllocBytes = kBarrierOffset + 2 * 8 + 128;  // the base is rounded up to 128
 
-struct CombineParams {
+// The state fields (only the initial state's are read) in the common base.
+struct CombineParams : common::StateParams {
   const int32_t* chunk_offsets;
   int64_t max_chunks;
   int32_t num_v_heads;
-  const void* initial_state;             // [slots, HV, state], nullable
-  const int32_t* initial_state_indices;  // [N], nullable
-  int64_t stride_initial_state_n;
-  int64_t num_state_slots;
-  bool state_bf16;
-  bool k_first;
-  bool state_pairs;
   uint8_t* segments;
   int64_t num_segment_slots;
   int32_t segment_chunks;
@@ -104,14 +98,7 @@ __global__ void __launch_bounds__(kThreads, 1) kda_prefill_combine_sm90_kernel(c
 
   float state[16][4];
   {
-    const void* init = nullptr;
-    if (p.initial_state != nullptr) {
-      int64_t slot = n;
-      if (p.initial_state_indices != nullptr) slot = p.initial_state_indices[n];
-      if (slot >= 0 && slot < p.num_state_slots)
-        init = common::state_at(const_cast<void*>(p.initial_state),
-                                slot * p.stride_initial_state_n + int64_t(h) * kHeadDim * kHeadDim, p.state_bf16);
-    }
+    const void* init = common::initial_state_of(p, n, h);
     if (init != nullptr) {
       common::load_state(state, init, vrow, quad, p);
     } else {
@@ -179,19 +166,10 @@ Status launch_prefill_combine(const PrefillParams& p, const WorkspacePlan& plan,
   if (p.num_seqs == 0) return Status::Ok();
   uint8_t* ws = static_cast<uint8_t*>(workspace);
   CombineParams cp{};
+  static_cast<common::StateParams&>(cp) = common::state_params(p);
   cp.chunk_offsets = reinterpret_cast<const int32_t*>(ws + plan.chunk_offsets_offset);
   cp.max_chunks = plan.max_chunks;
   cp.num_v_heads = p.num_v_heads;
-  cp.initial_state = p.initial_state;
-  cp.initial_state_indices = p.initial_state_indices;
-  cp.stride_initial_state_n = p.stride_initial_state_n;
-  cp.num_state_slots = (p.initial_state_indices != nullptr || p.final_state_indices != nullptr) ? p.num_state_slots
-                                                                                                 : p.num_seqs;
-  cp.state_bf16 = p.dtype_state == DType::kBFloat16;
-  cp.k_first = p.state_layout == StateLayout::kKFirst;
-  const size_t elem = cp.state_bf16 ? 2 : 4;
-  cp.state_pairs = p.initial_state == nullptr ||
-                   (reinterpret_cast<uintptr_t>(p.initial_state) % (2 * elem) == 0 && p.stride_initial_state_n % 2 == 0);
   cp.segments = ws + plan.segments_offset;
   cp.num_segment_slots = plan.num_segment_slots;
   cp.segment_chunks = plan.segment_chunks;

@@ -54,8 +54,9 @@ using common::load_state;
 using common::state_at;
 using common::store_state;
 
-// Kernel-side parameters, derived from PrefillParams by the launcher.
-struct KernelParams {
+// Kernel-side parameters, derived from PrefillParams by the launcher (the state fields in the
+// common base).
+struct KernelParams : common::StateParams {
   const int32_t* chunk_offsets;  // [N + 1] plan region
   const int64_t* seq_start;      // [N]
   const int32_t* seq_len;        // [N]
@@ -67,25 +68,6 @@ struct KernelParams {
   __nv_bfloat16* o;              // [B, T, HV, V]
   int64_t stride_o_b, stride_o_t, stride_o_h;
   bool o_vec16;                  // o rows are 16-byte aligned: 16-byte stores
-
-  const void* initial_state;              // [slots, HV, state], nullable
-  const int32_t* initial_state_indices;   // [N], nullable
-  int64_t stride_initial_state_n;
-  void* final_state;                      // [slots, HV, state], nullable
-  const int32_t* final_state_indices;     // [N], nullable
-  int64_t stride_final_state_n;
-  int64_t num_state_slots;
-  void* chunk_states;                     // [rows, HV, state], nullable
-  int64_t num_chunk_states;               // entries
-  const int32_t* chunk_state_indices;     // [num_chunk_states] destination rows, nullable (dense)
-  int64_t num_chunk_state_slots;          // rows when indexed
-  int64_t stride_chunk_states_n;          // between rows (elements); 0 = HV * K * V
-  int32_t chunk_state_interval;           // multiple of 64 when chunk_states is set
-  bool chunk_bf16;                        // chunk states stored as bf16
-  bool chunk_pairs;                       // ... with aligned pair stores
-  bool state_bf16;
-  bool k_first;
-  bool state_pairs;  // two neighbouring key channels of a V-first state are one aligned load
 
   // segments (workspace.h): segment_chunks = 0 runs whole sequences (max_segments = 1)
   uint8_t* segments;              // the segment area
@@ -210,7 +192,6 @@ __global__ void __launch_bounds__(Config<kValueRows>::kThreads) __maxnreg__(Conf
   const int group = lane / 4;
   const int quad = lane % 4;
   const int vrow = v0 + warp * 16 + group;  // value row of c0/c1 (c2/c3: vrow + 8)
-  const int64_t head_elems = int64_t(h) * kHeadDim * kHeadDim;
 
   float state[16][4];
   if (kSummary) {
@@ -230,14 +211,7 @@ __global__ void __launch_bounds__(Config<kValueRows>::kThreads) __maxnreg__(Conf
     const uint8_t* area = segment_at(p, slot, h) + (seg == 0 ? SegmentLayout::kPhiHiOffset : SegmentLayout::kPsiOffset);
     load_state(state, area, vrow, quad, common::segment_state_view());
   } else {
-    const void* init = nullptr;
-    if (p.initial_state != nullptr) {
-      int64_t slot = n;
-      if (p.initial_state_indices != nullptr) slot = p.initial_state_indices[n];
-      if (slot >= 0 && slot < p.num_state_slots)
-        init = state_at(const_cast<void*>(p.initial_state), slot * p.stride_initial_state_n + head_elems,
-                        p.state_bf16);
-    }
+    const void* init = common::initial_state_of(p, n, h);
     if (init != nullptr) {
       load_state(state, init, vrow, quad, p);
     } else {
@@ -455,12 +429,9 @@ __global__ void __launch_bounds__(Config<kValueRows>::kThreads) __maxnreg__(Conf
   }
   // ---- final state, by the last segment (also for an empty sequence: the initial state passes
   // through bit for bit)
-  if (p.final_state != nullptr && seg == nseg - 1) {
-    int64_t slot = n;
-    if (p.final_state_indices != nullptr) slot = p.final_state_indices[n];
-    if (slot >= 0 && slot < p.num_state_slots)
-      store_state(state, state_at(p.final_state, slot * p.stride_final_state_n + head_elems, p.state_bf16), vrow,
-                  quad, p);
+  if (seg == nseg - 1) {
+    void* fin = common::final_state_of(p, n, h);
+    if (fin != nullptr) store_state(state, fin, vrow, quad, p);
   }
 }
 
@@ -503,11 +474,6 @@ Status launch(const PrefillParams& p, const WorkspacePlan& plan, const void* wor
                         kChunk, num_blocks, kHeadDim * 4, kValueRows, kChunk, CU_TENSOR_MAP_SWIZZLE_NONE, "U0");
   if (!st.ok()) return st;
 
-  const bool bf16_state = p.dtype_state == DType::kBFloat16;
-  const size_t state_elem = bf16_state ? 2 : 4;
-  auto pairs_ok = [&](const void* ptr, int64_t stride) {
-    return ptr == nullptr || (reinterpret_cast<uintptr_t>(ptr) % (2 * state_elem) == 0 && stride % 2 == 0);
-  };
   const bool packed = p.cu_seqlens != nullptr;
   const bool o_vec16 = reinterpret_cast<uintptr_t>(p.o) % 16 == 0 && p.stride_o_t % 8 == 0 &&
                        p.stride_o_h % 8 == 0 && (packed || p.stride_o_b % 8 == 0);
@@ -525,29 +491,7 @@ Status launch(const PrefillParams& p, const WorkspacePlan& plan, const void* wor
   kp.stride_o_t = p.stride_o_t;
   kp.stride_o_h = p.stride_o_h;
   kp.o_vec16 = o_vec16;
-  kp.initial_state = p.initial_state;
-  kp.initial_state_indices = p.initial_state_indices;
-  kp.stride_initial_state_n = p.stride_initial_state_n;
-  kp.final_state = p.final_state;
-  kp.final_state_indices = p.final_state_indices;
-  kp.stride_final_state_n = p.stride_final_state_n;
-  kp.num_state_slots = (p.initial_state_indices != nullptr || p.final_state_indices != nullptr)
-                           ? p.num_state_slots
-                           : p.num_seqs;
-  kp.chunk_states = p.chunk_states;
-  kp.num_chunk_states = p.num_chunk_states;
-  kp.chunk_state_indices = p.chunk_state_indices;
-  kp.num_chunk_state_slots = p.num_chunk_state_slots;
-  kp.stride_chunk_states_n = p.stride_chunk_states_n;
-  kp.chunk_state_interval = p.chunk_state_interval;
-  kp.chunk_bf16 = chunk_states_dtype(p) == DType::kBFloat16;
-  kp.chunk_pairs = p.chunk_states == nullptr ||
-                   (reinterpret_cast<uintptr_t>(p.chunk_states) % (kp.chunk_bf16 ? 4 : 8) == 0 &&
-                    p.stride_chunk_states_n % 2 == 0);
-  kp.state_bf16 = bf16_state;
-  kp.k_first = p.state_layout == StateLayout::kKFirst;
-  kp.state_pairs = pairs_ok(p.initial_state, p.stride_initial_state_n) &&
-                   pairs_ok(p.final_state, p.stride_final_state_n);
+  static_cast<common::StateParams&>(kp) = common::state_params(p);
   kp.segments = const_cast<uint8_t*>(ws) + plan.segments_offset;
   kp.num_segment_slots = plan.num_segment_slots;
   kp.segment_chunks = plan.segment_chunks;
