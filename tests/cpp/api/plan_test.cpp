@@ -114,10 +114,6 @@ TEST(PlanWorkspaceSize, SegmentSwitchAndItsWorkspace) {
   sm90::set_prefill_path(sm90::PrefillPath::kChunked);
   const pf::WorkspacePlan whole = pf::make_workspace_plan(1, 32768, 1, false, 4);
 
-  sm90::set_prefill_segments(-1);  // no override: the default, whole sequences
-  EXPECT_EQ(sm90::prefill_segment_chunks(p), 0);
-  EXPECT_EQ(prefill_workspace_size(p), whole.total_bytes);
-
   sm90::set_prefill_segments(sm90::kSegmentsModel);
   const int32_t ls = sm90::prefill_segment_chunks(p);
   EXPECT_GT(ls, 0);  // at any SM count of the H100/H200 family (132 here without a GPU)
@@ -126,6 +122,10 @@ TEST(PlanWorkspaceSize, SegmentSwitchAndItsWorkspace) {
   EXPECT_GT(with_segments, whole.total_bytes);
   // sized from the batch fields alone, the buffer covers the model's choice (Ls = 16, the most slots)
   PrefillParams sizes_only = batch_fields(32768, 1, 4, nullptr);
+  EXPECT_GE(prefill_workspace_size(sizes_only), with_segments);
+  sm90::set_prefill_segments(-1);  // no override: the default is the cost model's choice
+  EXPECT_EQ(sm90::prefill_segment_chunks(p), ls);
+  EXPECT_EQ(prefill_workspace_size(p), with_segments);
   EXPECT_GE(prefill_workspace_size(sizes_only), with_segments);
 
   sm90::set_prefill_segments(3, 32);
