@@ -72,11 +72,10 @@ CASES = [
 ]
 
 
-# "name[@ctas][+pdl]": KDAKIT_DECODE_VARIANT=name, KDAKIT_DECODE_RING_CTAS=ctas (the ring or
-# stream grid capped, so that each warp streams many units), KDAKIT_DECODE_PDL=1 with "+pdl".
-VARIANTS = ["registers", "staged", "staged64", "direct32", "direct16", "stream", "ring8x3", "ring12x2", "ring4x6",
-            "ring8x3bs", "direct32+pdl", "stream@2+pdl", "ring8x3+pdl", "ring4x6@3", "ring12x2@2+pdl",
-            "ring8x3bs@3+pdl"]
+# "name[@ctas][+pdl]": KDAKIT_DECODE_VARIANT=name, KDAKIT_DECODE_RING_CTAS=ctas (the ring grid
+# capped, so that each warp streams many units), KDAKIT_DECODE_PDL=1 with "+pdl".
+VARIANTS = ["registers", "staged", "staged64", "direct32", "direct16", "ring8x3", "ring12x2", "ring4x6", "ring8x3bs",
+            "direct32+pdl", "ring8x3+pdl", "ring4x6@3", "ring12x2@2+pdl", "ring8x3bs@3+pdl"]
 SINGLE_COLUMN = [c for c in CASES if c[5] == 1 and c[7] == "v_first"]
 
 
@@ -90,7 +89,7 @@ def _force_variant(monkeypatch, spec):
     monkeypatch.setenv("KDAKIT_DECODE_VARIANT", name)
     monkeypatch.setenv("KDAKIT_DECODE_PDL", "1" if pdl else "0")
     monkeypatch.setenv("KDAKIT_PRINT_CONFIGS", "1")
-    fast = name.startswith(("direct", "ring", "stream"))
+    fast = name.startswith(("direct", "ring"))
     return f"variant={name} pdl={1 if pdl and fast else 0}"
 
 
@@ -146,8 +145,8 @@ def test_decode_matches_reference(case):
             assert _rel_l2(got_pool[s], ref_pool[s]) <= STATE_BAR[pool_dtype], f"slot {s}"
 
 
-@pytest.mark.parametrize("variant", ["auto", "direct32+pdl", "direct16", "stream+pdl", "stream@1", "ring8x3+pdl",
-                                     "ring4x6@2+pdl", "ring8x3bs+pdl", "staged"])
+@pytest.mark.parametrize("variant", ["auto", "direct32+pdl", "direct16", "ring8x3+pdl", "ring4x6@2+pdl", "ring8x3bs+pdl",
+                                     "staged"])
 def test_decode_chained_steps_and_graph_replay(variant, monkeypatch):
     """Three steps on one pool with fresh inputs each step; the third replays a CUDA graph."""
     import torch

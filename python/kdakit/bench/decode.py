@@ -22,8 +22,8 @@ speedup; then a geometric mean. Each case first checks kdakit's output against F
 same inputs (relative L2), so a ratio never hides a wrong answer.
 
 Kernel variants: ``--variants`` takes a comma list of specs ``name[@ctas][+pdl]`` (``name`` a
-KDAKIT_DECODE_VARIANT value: registers, staged, staged64, direct32, direct16, stream, ring8x3, ring12x2,
-ring4x6, ring8x3bs; ``+pdl`` sets KDAKIT_DECODE_PDL=1; ``@ctas`` caps the ring or stream grid), ``auto`` (the
+KDAKIT_DECODE_VARIANT value: registers, staged, staged64, direct32, direct16, ring8x3, ring12x2,
+ring4x6, ring8x3bs; ``+pdl`` sets KDAKIT_DECODE_PDL=1; ``@ctas`` caps the ring grid), ``auto`` (the
 dispatcher's choice), ``auto+pdl``, or ``all`` (every spec of ALL_VARIANTS). The dispatcher reads
 the variables on every call (src/cuda/sm90/decode/dispatch.cu), so each decode row is checked
 against FLA and timed once per variant in the same process, beside one FLA timing; the kernel
@@ -56,9 +56,9 @@ COPY_CEILING_TBPS = 4.27  # H200 device-to-device copy, read + write (TARGETS.md
 LOWER_BOUND = -5.0
 ROTATION_BYTES = 256 * 1024 * 1024
 MAX_POOL_BYTES = 24 * 1024**3
-ALL_VARIANTS = ["auto", "auto+pdl", "staged", "staged64", "direct32", "direct16", "stream", "ring8x3", "ring12x2",
-                "ring4x6", "ring8x3bs", "direct32+pdl", "direct16+pdl", "stream+pdl", "ring8x3+pdl", "ring12x2+pdl",
-                "ring4x6+pdl", "ring8x3bs+pdl"]
+ALL_VARIANTS = ["auto", "auto+pdl", "staged", "staged64", "direct32", "direct16", "ring8x3", "ring12x2", "ring4x6",
+                "ring8x3bs", "direct32+pdl", "direct16+pdl", "ring8x3+pdl", "ring12x2+pdl", "ring4x6+pdl",
+                "ring8x3bs+pdl"]
 
 
 @dataclass
@@ -223,7 +223,7 @@ def _expected_ran(spec: str) -> str | None:
     name = (spec[:-4] if pdl else spec).split("@", 1)[0]
     if name == "auto":
         return None
-    return name + ("+pdl" if pdl and name.startswith(("direct", "ring", "stream")) else "")
+    return name + ("+pdl" if pdl and name.startswith(("direct", "ring")) else "")
 
 
 def run_case(torch, kdakit, fla_rec, fla_chunk, case: Case, repeats: int, gen, variants: list[str],

@@ -84,17 +84,15 @@ void reupload(const HostTensor& x, void* device) {
 // ------------------------------------------------------------------------------------------
 
 // "auto" is the dispatcher's own choice; otherwise a KDAKIT_DECODE_VARIANT name, "+pdl" for a
-// launch with programmatic dependent launch (KDAKIT_DECODE_PDL=1), "@n" for a ring or stream grid
-// capped at n CTAs (KDAKIT_DECODE_RING_CTAS=n: hundreds of units per warp, so that index batches
-// are refilled, every stage's mbarrier phase wraps many times and the stream kernel rotates its
-// two row buffers and three unit records through every position on a small problem).
+// launch with programmatic dependent launch (KDAKIT_DECODE_PDL=1), "@n" for a ring grid capped
+// at n CTAs (KDAKIT_DECODE_RING_CTAS=n: hundreds of units per warp, so that index batches are
+// refilled and every stage's mbarrier phase wraps many times on a small problem).
 const std::vector<std::string>& test_variants() {
   static const std::vector<std::string> variants = {
       "auto",         "registers",    "staged",      "staged64",   "direct32",
-      "direct16",     "stream",       "ring8x3",     "ring12x2",   "ring4x6",
-      "ring8x3bs",    "direct32+pdl", "direct16+pdl", "stream+pdl", "stream@3",
-      "stream@1+pdl", "ring8x3+pdl",  "ring8x3@3",   "ring12x2@2", "ring4x6@5+pdl",
-      "ring8x3bs@4+pdl"};
+      "direct16",     "ring8x3",      "ring12x2",    "ring4x6",    "ring8x3bs",
+      "direct32+pdl", "direct16+pdl", "ring8x3+pdl", "ring8x3@3",  "ring12x2@2",
+      "ring4x6@5+pdl", "ring8x3bs@4+pdl"};
   return variants;
 }
 

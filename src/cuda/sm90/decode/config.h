@@ -199,16 +199,6 @@ constexpr int kDirectMinCtasPerSm = 4;
 // The direct grid is (HV x slices, N): gridDim.y caps the sequences.
 constexpr int kDirectMaxSeqs = 65535;
 
-// stream: a persistent grid of 4-warp CTAs, kStreamCtasPerSm per SM, one work unit = one
-// warp's stream_unit_rows value rows of one (sequence, head): 4 KB of state (8 fp32 / 16 bf16
-// rows at K = 128, 16 / 32 at K = 64). Each lane holds two units' rows as raw bits (32 + 32
-// registers), so 3 CTAs per SM (168 registers): at 4 (128) every instantiation but fp32 K = 128
-// spills (ptxas, nvcc 13.0). 12 warps x 4 KB = 48 KB of state reads in flight per SM.
-constexpr int stream_unit_rows(int state_bytes, int head_dim) { return 4096 / (state_bytes * head_dim); }
-constexpr int kStreamWarps = 4;
-constexpr int kStreamThreads = kStreamWarps * 32;
-constexpr int kStreamCtasPerSm = 3;
-
 // ring: one unit = one (sequence, value head, kRingStageBytes of consecutive value rows):
 // 16 rows of an fp32 pool, 32 rows of a bf16 pool, always 8 KB, one cp.async.bulk.
 // NOTE: 8 KB stages: 24 of them (192 KB) fit an SM whatever the warps x stages split, and a

@@ -221,7 +221,6 @@ enum class Variant {
   kStagedMulti,
   kDirect32,
   kDirect16,
-  kStream,
   kRing8x3,
   kRing12x2,
   kRing4x6,
@@ -237,7 +236,6 @@ const char* variant_env_name(Variant v) {
     case Variant::kStagedMulti: return "staged";
     case Variant::kDirect32: return "direct32";
     case Variant::kDirect16: return "direct16";
-    case Variant::kStream: return "stream";
     case Variant::kRing8x3: return "ring8x3";
     case Variant::kRing12x2: return "ring12x2";
     case Variant::kRing4x6: return "ring4x6";
@@ -254,7 +252,6 @@ const char* variant_name(Variant v) {
     case Variant::kStagedMulti: return "staged_kernel (token loop)";
     case Variant::kDirect32: return "direct_kernel (32 rows per CTA)";
     case Variant::kDirect16: return "direct_kernel (16 rows per CTA)";
-    case Variant::kStream: return "stream_kernel (persistent warps, 4 KB units)";
     case Variant::kRing8x3: return "ring_kernel (8 warps x 3 stages)";
     case Variant::kRing12x2: return "ring_kernel (12 warps x 2 stages)";
     case Variant::kRing4x6: return "ring_kernel (4 warps x 6 stages)";
@@ -310,9 +307,6 @@ Choice choose_variant(const RecurrentKernelParams& k, bool fast, DType dtype_sta
   const int64_t slices32 = k.num_seqs * k.num_v_heads * (head_dim / recurrent::kValuesPerCta);
   const bool direct_ok = fast && k.num_seqs <= recurrent::kDirectMaxSeqs;
   const bool ring_ok = fast && head_dim == recurrent::kRingHeadDim;
-  const int64_t stream_units = k.num_seqs * k.num_v_heads *
-                               (head_dim / recurrent::stream_unit_rows(int(state_elem_bytes(dtype_state)), head_dim));
-  const bool stream_ok = fast && stream_units <= INT32_MAX;
   Choice c;
   bool chosen = false;
   if (fast && few_tokens(k)) {
@@ -346,8 +340,6 @@ Choice choose_variant(const RecurrentKernelParams& k, bool fast, DType dtype_sta
       c.variant = Variant::kStagedSingleWide;
     } else if ((name == "direct32" || name == "direct16") && direct_ok) {
       c.variant = name == "direct32" ? Variant::kDirect32 : Variant::kDirect16;
-    } else if (name == "stream" && stream_ok) {
-      c.variant = Variant::kStream;
     } else if (name == "ring8x3" && ring_ok) {
       c.variant = Variant::kRing8x3;
     } else if (name == "ring12x2" && ring_ok) {
@@ -362,33 +354,28 @@ Choice choose_variant(const RecurrentKernelParams& k, bool fast, DType dtype_sta
   return c;
 }
 
-// KDAKIT_DECODE_RING_CTAS=n caps the persistent grids of the ring and stream kernels at n CTAs
-// (tests: many units per warp, index-batch refills, stage phase wrap-around and the stream
-// kernel's buffer rotation on small problems).
+// KDAKIT_DECODE_RING_CTAS=n caps the ring kernel's persistent grid at n CTAs (tests: many
+// units per warp, index-batch refills and stage phase wrap-around on small problems).
 int ring_max_ctas() {
   const char* v = std::getenv("KDAKIT_DECODE_RING_CTAS");
   return v != nullptr ? std::max(0, std::atoi(v)) : 0;
 }
 
 bool is_fast(Variant v) {
-  return v == Variant::kDirect32 || v == Variant::kDirect16 || v == Variant::kStream || v == Variant::kRing8x3 ||
-         v == Variant::kRing12x2 || v == Variant::kRing4x6 || v == Variant::kRing8x3BulkStore;
+  return v == Variant::kDirect32 || v == Variant::kDirect16 || v == Variant::kRing8x3 || v == Variant::kRing12x2 ||
+         v == Variant::kRing4x6 || v == Variant::kRing8x3BulkStore;
 }
 
 Status launch_fast(const recurrent::FastDecodeParams& f, Variant variant, bool pdl, DType dtype_state, int head_dim,
                    cudaStream_t stream) {
   using recurrent::launch_direct;
   using recurrent::launch_ring;
-  using recurrent::launch_stream;
   auto by_dtype = [&]<class StateT>() -> Status {
     switch (variant) {
       case Variant::kDirect32:
         return head_dim == 128 ? launch_direct<StateT, 128, 8>(f, stream, pdl) : launch_direct<StateT, 64, 8>(f, stream, pdl);
       case Variant::kDirect16:
         return head_dim == 128 ? launch_direct<StateT, 128, 4>(f, stream, pdl) : launch_direct<StateT, 64, 4>(f, stream, pdl);
-      case Variant::kStream:
-        return head_dim == 128 ? launch_stream<StateT, 128>(f, stream, pdl, num_sms(), ring_max_ctas())
-                               : launch_stream<StateT, 64>(f, stream, pdl, num_sms(), ring_max_ctas());
       case Variant::kRing8x3: return launch_ring<StateT, 8, 3, false>(f, stream, pdl, num_sms(), ring_max_ctas());
       case Variant::kRing12x2: return launch_ring<StateT, 12, 2, false>(f, stream, pdl, num_sms(), ring_max_ctas());
       case Variant::kRing4x6: return launch_ring<StateT, 4, 6, false>(f, stream, pdl, num_sms(), ring_max_ctas());
@@ -486,8 +473,7 @@ std::string decode_variant(const DecodeParams& p) {
 }
 
 std::vector<std::string> decode_variant_names() {
-  return {"registers", "staged", "staged64", "direct32", "direct16", "stream", "ring8x3", "ring12x2", "ring4x6",
-          "ring8x3bs"};
+  return {"registers", "staged", "staged64", "direct32", "direct16", "ring8x3", "ring12x2", "ring4x6", "ring8x3bs"};
 }
 
 Status run_recurrent_prefill(const PrefillParams& p, cudaStream_t stream) {

@@ -23,12 +23,6 @@ Status launch_staged(const RecurrentKernelParams& p, cudaStream_t stream);
 template <class StateT, int kHeadDim, int kRowsPerWarp>
 Status launch_direct(const FastDecodeParams& p, cudaStream_t stream, bool pdl);
 
-// stream.cuh: persistent grid of 4-warp CTAs (kStreamCtasPerSm per SM, config.h), one unit =
-// 4 KB of value rows of one (sequence, head) per warp, the next unit's rows in flight while a
-// unit runs; K = V = 64 or 128. num_sms and max_ctas as for launch_ring.
-template <class StateT, int kHeadDim>
-Status launch_stream(const FastDecodeParams& p, cudaStream_t stream, bool pdl, int num_sms, int max_ctas);
-
 // ring.cuh: persistent grid of kWarps-warp CTAs, kStages bulk-copy stages per warp; K = V = 128.
 // num_sms: multiprocessors of the current device (the grid is num_sms x resident CTAs per SM);
 // max_ctas > 0 caps the grid (tests: many units per warp on small problems). kBulkStore: the
