@@ -167,6 +167,20 @@ def _time_graph(torch, calls, repeats: int) -> float:
     return statistics.median(times)
 
 
+def _copy_ceiling_tbps(torch) -> tuple[float, float]:
+    """This card's copy bandwidth (bytes read + written per second, TB/s), measured like the
+    decode rows (CUDA graph, median) on 1 GiB: an elementwise kernel from one buffer into another
+    (an SM copy; ``copy_`` of a contiguous tensor would time the copy engines instead), and the
+    same kernel in place (the decode pool's pattern: read and write one address)."""
+    n = (1 << 30) // 4
+    src = torch.rand(n, device="cuda")
+    dst = torch.empty_like(src)
+    copy_us = _time_graph(torch, [lambda: torch.mul(src, 1.0, out=dst)], 10)
+    inplace_us = _time_graph(torch, [lambda: src.mul_(1.0)], 10)
+    del src, dst
+    return 2 * n * 4 / (copy_us * 1e6), 2 * n * 4 / (inplace_us * 1e6)
+
+
 _VARIANT_ENV = ("KDAKIT_DECODE_VARIANT", "KDAKIT_DECODE_PDL", "KDAKIT_DECODE_RING_CTAS")
 
 
@@ -383,6 +397,9 @@ def main(argv: list[str] | None = None) -> int:
     fla_rec, fla_chunk, reason = _fla()
     print(f"FLA: {'fla.ops.kda importable' if fla_rec else 'not importable: ' + reason}")
     print(f"device: {torch.cuda.get_device_name()}")
+    copy_tbps, inplace_tbps = _copy_ceiling_tbps(torch)
+    print(f"copy ceiling measured now (SM kernel, 1 GiB): {copy_tbps:.2f} TB/s into another buffer, "
+          f"{inplace_tbps:.2f} TB/s in place (the tables' % use {COPY_CEILING_TBPS} TB/s, TARGETS.md)")
     gen = torch.Generator(device="cuda")
     gen.manual_seed(0)
     rows = []
