@@ -11,7 +11,7 @@ build="${KDAKIT_GPU_BUILD_DIR:-build-gpu312}"
   -DPython_EXECUTABLE="$PWD/$venv/bin/python" >/dev/null
 "$venv/bin/cmake" --build "$build" -j"$(nproc)"
 rm -rf .carry/gpu && mkdir -p .carry/gpu/bin .carry/gpu/python
-find "$build/tests" -type f -executable -name '*test*' -exec cp {} .carry/gpu/bin/ \;
+find "$build/tests" -type f -executable \( -name '*test*' -o -name prefill_prep_timing \) -exec cp {} .carry/gpu/bin/ \;
 # the example program (examples/serving_step.cpp) runs like a test: exit 0 is a pass
 [ -x "$build/examples/serving_step" ] && cp "$build/examples/serving_step" .carry/gpu/bin/
 cp -r python/kdakit .carry/gpu/python/

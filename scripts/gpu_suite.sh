@@ -37,6 +37,7 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noh
 if [ "$run_tests" = 1 ]; then
   for t in "$stage"/bin/*; do
     name=$(basename "$t")
+    case "$name" in *test*|serving_step) ;; *) continue ;; esac  # tools (prefill_prep_timing) are not tests
     if [ "$prefill_only" = 1 ]; then case "$name" in prefill_gpu_test|prefill_pool_gpu_test) ;; *) continue ;; esac; fi
     case "$skip" in *" $name "*) echo "gtest $name skipped (--skip)" | tee -a "$summary"; continue ;; esac
     timeout 300 "$t" --gtest_brief=1 >"$out/logs/$name.log" 2>&1
