@@ -474,6 +474,36 @@ TEST_F(PrefillPrep, WideSpanPrecomputedGate) {
   check_tensors(c, t);
 }
 
+// Spans of 180 to 230 (base 2) per 16-row sub-block on half the channels (the others mild, so
+// that the chunk decay, which underflows fp32 on the steep ones, keeps a measurable norm): with
+// the in-kernel L2 norm, spans up to 216 take the midpoint factors (up to 2^108) and wider ones
+// the per-element path; without it the bound is 192 (config.h, max_diag_span). Against float64.
+TEST_F(PrefillPrep, SpansAroundTheDiagonalBound) {
+  for (const bool l2norm : {true, false}) {
+    SCOPED_TRACE(l2norm ? "q/k L2 norm in kernel" : "no L2 norm");
+    Rng rng = make_rng();
+    PrefillCase c = base_case(l2norm ? "spans_180_230_l2norm" : "spans_180_230_raw");
+    c.batch = 1;
+    c.seqlen = 150;
+    c.gate = GateMode::kPrecomputed;
+    c.dtype_g = DType::kFloat32;
+    c.l2norm = l2norm;
+    SCOPED_TRACE(rng.trace());
+    PrefillTensors t = make_prefill_tensors(c, rng);
+    std::vector<double> rate(size_t(c.HV) * kD);  // nats per token: span = 16 rate log2(e)
+    for (double& x : rate) {
+      x = rng.uniform(0.0, 1.0) < 0.5 ? rng.uniform(180.0, 230.0) / (16.0 * 1.4426950408889634) : rng.uniform(0.0, 0.5);
+    }
+    for (int64_t tt = 0; tt < c.seqlen; ++tt) {
+      for (int h = 0; h < c.HV; ++h) {
+        for (int i = 0; i < kD; ++i) t.g.set_at({0, tt, h, i}, -rate[size_t(h) * kD + i]);
+      }
+    }
+    check_tensors(c, t);
+    if (HasFatalFailure()) return;
+  }
+}
+
 // Softplus with steep heads (exp(A_log) up to 40): the realistic route to wide spans.
 TEST_F(PrefillPrep, SteepSoftplusHeads) {
   Rng rng = make_rng();

@@ -153,6 +153,9 @@ __global__ void __launch_bounds__(kThreads, 2) kda_prefill_prep_sm90_kernel(cons
   float* row_k = row_q + kChunk;                                          // 1 / ||k_r||
   float* beta_s = row_k + kChunk;                                         // beta_r (0 past C')
   uint32_t* mask = reinterpret_cast<uint32_t*>(smem + Plan::kMaskOffset);  // wide-span channels
+  uint8_t* wide_list = smem + Plan::kWideListOffset;                       // their indices [4][128]
+  int* wide_count = reinterpret_cast<int*>(smem + Plan::kWideCountOffset);  // and counts [4]
+  const float max_span = max_diag_span(p.use_qk_l2norm);
   float* bound = reinterpret_cast<float*>(smem + Plan::kBoundOffset);     // c_R [4][128]
   float* norm_q = reinterpret_cast<float*>(smem + Plan::kNormOffset);     // [8 warps][64]
   float* norm_k = norm_q + kWarps * kChunk;
@@ -300,15 +303,22 @@ __global__ void __launch_bounds__(kThreads, 2) kda_prefill_prep_sm90_kernel(cons
     }
     row_q[tid] = (p.use_qk_l2norm ? kdakit::cuda::l2norm_scale(sq) : 1.f) * p.scale;
     row_k[tid] = p.use_qk_l2norm ? kdakit::cuda::l2norm_scale(sk) : 1.f;
-  } else if (tid < kChunk + kSubBlocks * (kHeadDim / 32)) {
-    // Wide-span channel masks, one 32-bit word per (sub-block, 32 channels).
-    const int word = tid - kChunk, Rb = word >> 2, base = (word & 3) * 32;
-    uint32_t bits = 0;
-    for (int i = 0; i < 32; ++i) {
-      const float prev = Rb == 0 ? 0.f : bound[(Rb - 1) * kHeadDim + base + i];
-      if (prev - bound[Rb * kHeadDim + base + i] > kMaxDiagSpan) bits |= 1u << i;
+  } else if (warp >= kWarps - kSubBlocks) {
+    // Wide-span channels of sub-block Rb = warp - 4: masks (one 32-bit word per 32 channels)
+    // and the ascending list of their indices, from one ballot per word.
+    const int Rb = warp - (kWarps - kSubBlocks);
+    int count = 0;
+#pragma unroll
+    for (int wd = 0; wd < kHeadDim / 32; ++wd) {
+      const int i = wd * 32 + lane;
+      const float prev = Rb == 0 ? 0.f : bound[(Rb - 1) * kHeadDim + i];
+      const bool wide = prev - bound[Rb * kHeadDim + i] > max_span;
+      const uint32_t bits = __ballot_sync(0xffffffffu, wide);
+      if (wide) wide_list[Rb * kHeadDim + count + __popc(bits & ((1u << lane) - 1u))] = uint8_t(i);
+      count += __popc(bits);
+      if (lane == 0) mask[Rb * 4 + wd] = bits;
     }
-    mask[word] = bits;
+    if (lane == 0) wide_count[Rb] = count;
   }
   __syncthreads();
 
@@ -329,7 +339,7 @@ __global__ void __launch_bounds__(kThreads, 2) kda_prefill_prep_sm90_kernel(cons
         kh_fac[e] = fast_exp2(bound[3 * kHeadDim + c0 + e] - c_cur[e]);
         const float cp = R == 0 ? 0.f : c_prev[e];
         const float span = cp - c_cur[e];
-        m_cur[e] = span <= kMaxDiagSpan ? cp - 0.5f * span : -INFINITY;  // -inf: left to the per-element path
+        m_cur[e] = span <= max_span ? cp - 0.5f * span : -INFINITY;  // -inf: left to the per-element path
       }
       float* scratch = reinterpret_cast<float*>(blk + Layout::kU0Offset);  // b2 of wide-span channels
 #pragma unroll
@@ -357,7 +367,7 @@ __global__ void __launch_bounds__(kThreads, 2) kda_prefill_prep_sm90_kernel(cons
           for (int e = 0; e < 8; ++e) {
             const float cp = bound[(Rb - 1) * kHeadDim + c0 + e];
             const float span = cp - bound[Rb * kHeadDim + c0 + e];
-            const float m = span <= kMaxDiagSpan ? cp - 0.5f * span : cp;
+            const float m = span <= max_span ? cp - 0.5f * span : cp;
             b_fac[e] = fast_exp2(m - c_cur[e]);  // m_{R'} <= c_{R'-1} <= c_R: at most 1
           }
 #pragma unroll
@@ -378,7 +388,7 @@ __global__ void __launch_bounds__(kThreads, 2) kda_prefill_prep_sm90_kernel(cons
       const float cp = R == 0 ? 0.f : c_prev[e];
       const float span = cp - c_cur[e];
       exp_prev[e] = fast_exp2(cp);
-      m_cur[e] = span <= kMaxDiagSpan ? cp - 0.5f * span : cp;
+      m_cur[e] = span <= max_span ? cp - 0.5f * span : cp;
     }
 #pragma unroll
     for (int j = 0; j < kRowsPerThread; ++j) {
@@ -475,18 +485,28 @@ __global__ void __launch_bounds__(kThreads, 2) kda_prefill_prep_sm90_kernel(cons
       const int r = kSubBlock * Rb + rl, s = kSubBlock * Rb + sl;
       if (sl > rl || r >= len) continue;
       float dl = 0.f, dm = 0.f;
-      for (int word = 0; word < 4; ++word) {
-        uint32_t bits = mask[Rb * 4 + word];
-        while (bits != 0u) {
-          const int i = word * 32 + __ffs(bits) - 1;
-          bits &= bits - 1u;
-          const float e = fast_exp2(__ldcg(scratch + r * kHeadDim + i) - __ldcg(scratch + s * kHeadDim + i));
-          const float kr = __bfloat162float(kg[int64_t(r) * p.stride_k_t + i]) * row_k[r];
-          const float ksv = __bfloat162float(kg[int64_t(s) * p.stride_k_t + i]) * row_k[s];
-          const float qr = __bfloat162float(qg[int64_t(r) * p.stride_q_t + i]) * row_q[r];
-          if (sl < rl) dl += kr * ksv * e;
-          dm += qr * ksv * e;
-        }
+      // NOTE: a counted loop over the channel list (ascending, the order of the old bit walk),
+      // unrolled so that several channels' loads (L2: the scratch b2 this CTA wrote, q and k)
+      // are in flight at once; a walk over the mask bits issued one channel at a time, which
+      // cost the softplus gate's inputs ~30% of the whole prefill (docs/benchmarks.md).
+      const uint8_t* list = wide_list + Rb * kHeadDim;
+      const int count = wide_count[Rb];
+      const float* sr = scratch + r * kHeadDim;
+      const float* ss = scratch + s * kHeadDim;
+      const __nv_bfloat16* kr_row = kg + int64_t(r) * p.stride_k_t;
+      const __nv_bfloat16* ks_row = kg + int64_t(s) * p.stride_k_t;
+      const __nv_bfloat16* qr_row = qg + int64_t(r) * p.stride_q_t;
+      const float rk = row_k[r], rks = row_k[s], rq = row_q[r];
+      const bool strict = sl < rl;
+#pragma unroll 4
+      for (int j = 0; j < count; ++j) {
+        const int i = list[j];
+        const float e = fast_exp2(__ldcg(sr + i) - __ldcg(ss + i));
+        const float kr = __bfloat162float(kr_row[i]) * rk;
+        const float ksv = __bfloat162float(ks_row[i]) * rks;
+        const float qr = __bfloat162float(qr_row[i]) * rq;
+        if (strict) dl += kr * ksv * e;
+        dm += qr * ksv * e;
       }
       Lf[r * Plan::kLdF + s] += dl;
       Tf[r * Plan::kLdF + s] += dm;
