@@ -112,6 +112,8 @@ def chunk_kda(
     cu_seqlens=None,
     cu_seqlens_cpu=None,
     cp_context=None,
+    use_graph: bool = False,
+    max_num_seqs: int | None = None,
     **kwargs,
 ):
     r"""Chunked KDA prefill with FLA's ``chunk_kda`` signature.
@@ -152,6 +154,12 @@ def chunk_kda(
         cu_seqlens: ``[N + 1]`` int32/int64 offsets of a packed batch (B = 1).
         cu_seqlens_cpu: the same offsets on the host; used to size ``h`` without a device read.
         cp_context: context parallelism is not supported (NotImplementedError).
+        use_graph: FLA's switch to a fixed-shape chunk list for CUDA graph capture (cu_seqlens
+            padded with zero-length tail sequences to ``max_num_seqs + 1`` entries). kdakit is
+            graph-safe for any cu_seqlens (its plan is built on the device, zero-length
+            sequences are allowed), so it changes nothing; with ``max_num_seqs`` the length of
+            cu_seqlens is checked as in FLA.
+        max_num_seqs: the static sequence count of ``use_graph``; default ``len(cu_seqlens) - 1``.
         **kwargs: ``A_log``, ``dt_bias``, ``chunk_size`` (32 or 64, default 64),
             ``transpose_state_layout`` (deprecated alias of ``state_v_first``), and the serving
             extras (SGLang's spelling where it has one):
@@ -185,6 +193,13 @@ def chunk_kda(
                                           "output_intermediate_states", "plan"))
     if cp_context is not None:
         raise NotImplementedError("cp_context: context parallelism is not supported by kdakit")
+    if use_graph and max_num_seqs is not None:
+        if cu_seqlens is None:
+            raise ValueError("use_graph with max_num_seqs: needs cu_seqlens (a packed batch)")
+        if len(cu_seqlens) - 1 != max_num_seqs:
+            raise ValueError(
+                f"cu_seqlens: use_graph needs exactly max_num_seqs + 1 = {max_num_seqs + 1} entries "
+                f"(pad with zero-length sequences), got {len(cu_seqlens)}")
     chunk_size = kwargs.get("chunk_size", 64)
     if chunk_size not in _FLA_CHUNK_SIZES:
         raise ValueError(f"chunk_size: expected 32 or 64, got {chunk_size}")

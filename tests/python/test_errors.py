@@ -288,3 +288,17 @@ def test_chunk_kda_pool_arguments(x):
         fla(x, initial_state=pool, initial_state_indices=idx.astype(np.int64))
     o, state = fla(x, initial_state=pool, initial_state_indices=idx)
     assert state is pool
+
+
+def test_chunk_kda_use_graph(x):
+    """FLA 0.6.0's use_graph / max_num_seqs: cu_seqlens padded with zero-length tail sequences
+    gives the unpadded result (kdakit is graph-safe for any cu_seqlens); a length that does not
+    match max_num_seqs is named."""
+    packed = {name: x[name].reshape(1, -1, *x[name].shape[2:]) for name in ("q", "k", "v", "g", "beta")}
+    cu = np.array([0, 20, 40], np.int64)
+    padded = np.array([0, 20, 40, 40, 40], np.int64)
+    o_ref, _ = fla(x, **packed, cu_seqlens=cu)
+    o, _ = fla(x, **packed, cu_seqlens=padded, use_graph=True, max_num_seqs=4)
+    np.testing.assert_array_equal(o, o_ref)
+    with raises(ValueError, "cu_seqlens"):
+        fla(x, **packed, cu_seqlens=padded, use_graph=True, max_num_seqs=3)

@@ -1,6 +1,7 @@
 """kdakit.chunk_kda / fused_recurrent_kda take FLA's arguments: same names, order, kinds and
 defaults (flash-linear-attention fla/ops/kda at bc3b101d, recorded here as data), so that
-existing call sites work unchanged, positionally or by keyword."""
+existing call sites work unchanged, positionally or by keyword. chunk_kda as of
+flash-linear-attention 0.6.0 (PyPI), which added use_graph and max_num_seqs."""
 
 from __future__ import annotations
 
@@ -24,7 +25,8 @@ FLA_CHUNK_KDA = [
     ("allow_neg_eigval", P, False), ("safe_gate", P, False), ("lower_bound", P, None),
     ("disable_recompute", P, False), ("return_intermediate_states", P, False),
     ("state_v_first", P, False), ("cu_seqlens", P, None), ("cu_seqlens_cpu", P, None),
-    ("cp_context", P, None), ("kwargs", VAR_KW, REQUIRED),
+    ("cp_context", P, None), ("use_graph", P, False), ("max_num_seqs", P, None),
+    ("kwargs", VAR_KW, REQUIRED),
 ]
 FLA_FUSED_RECURRENT_KDA = [
     ("q", P, REQUIRED), ("k", P, REQUIRED), ("v", P, REQUIRED), ("g", P, REQUIRED),
