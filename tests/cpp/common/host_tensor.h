@@ -276,4 +276,37 @@ inline ::testing::AssertionResult storage_equal(const std::string& what, const H
   return ::testing::AssertionSuccess();
 }
 
+// Rows of [rows, HV, a, b] state tensors (pool slots, chunk-state rows, dense states).
+// copy_row: the values of row `from` of x into row `to` of y (any dtypes, any strides).
+inline void copy_row(const HostTensor& x, int64_t from, HostTensor& y, int64_t to) {
+  for (int64_t h = 0; h < x.shape[1]; ++h) {
+    for (int64_t a = 0; a < x.shape[2]; ++a) {
+      for (int64_t b = 0; b < x.shape[3]; ++b) y.set_at({to, h, a, b}, x.at({from, h, a, b}));
+    }
+  }
+}
+
+// Bitwise comparison of row rx of x and row ry of y (same dtype), naming the first difference.
+inline ::testing::AssertionResult rows_bitwise_equal(const HostTensor& x, int64_t rx,
+                                                     const HostTensor& y, int64_t ry) {
+  if (x.dtype != y.dtype) return ::testing::AssertionFailure() << "dtypes differ";
+  const int64_t size = cpu::element_bytes(x.dtype);
+  for (int64_t h = 0; h < x.shape[1]; ++h) {
+    for (int64_t a = 0; a < x.shape[2]; ++a) {
+      for (int64_t b = 0; b < x.shape[3]; ++b) {
+        const auto* px =
+            static_cast<const unsigned char*>(x.data()) + x.offset_of({rx, h, a, b}) * size;
+        const auto* py =
+            static_cast<const unsigned char*>(y.data()) + y.offset_of({ry, h, a, b}) * size;
+        if (std::memcmp(px, py, size_t(size)) != 0) {
+          return ::testing::AssertionFailure()
+                 << "row " << rx << " vs " << ry << " differ at head " << h << " [" << a << ", "
+                 << b << "]: " << x.at({rx, h, a, b}) << " vs " << y.at({ry, h, a, b});
+        }
+      }
+    }
+  }
+  return ::testing::AssertionSuccess();
+}
+
 }  // namespace kdakit::testing

@@ -136,14 +136,7 @@ inline void take_boundary_states(Pieces& p) {
   }
   const HostTensor& from = p.whole_t.chunk_states;
   HostTensor& to = p.tail_t.initial_state;
-  for (size_t n = 0; n < p.split.size(); ++n) {
-    for (int64_t h = 0; h < from.shape[1]; ++h) {
-      for (int64_t a = 0; a < from.shape[2]; ++a) {
-        for (int64_t b = 0; b < from.shape[3]; ++b)
-          to.set_at({int64_t(n), h, a, b}, from.at({p.boundary_entry[n], h, a, b}));
-      }
-    }
-  }
+  for (size_t n = 0; n < p.split.size(); ++n) copy_row(from, p.boundary_entry[n], to, int64_t(n));
 }
 
 // The boundary states the whole run saved, as a dense [N, HV, a, b] tensor.
@@ -153,13 +146,7 @@ inline HostTensor boundary_states(const Pieces& p) {
   HostTensor out =
       HostTensor::contiguous(from.dtype, {N, from.shape[1], from.shape[2], from.shape[3]});
   for (int64_t n = 0; n < N; ++n) {
-    const int64_t row = p.into_pool_rows ? n : p.boundary_entry[size_t(n)];
-    for (int64_t h = 0; h < from.shape[1]; ++h) {
-      for (int64_t a = 0; a < from.shape[2]; ++a) {
-        for (int64_t b = 0; b < from.shape[3]; ++b)
-          out.set_at({n, h, a, b}, from.at({row, h, a, b}));
-      }
-    }
+    copy_row(from, p.into_pool_rows ? n : p.boundary_entry[size_t(n)], out, n);
   }
   return out;
 }
@@ -183,13 +170,7 @@ inline HostTensor tail_final_states(const Pieces& p) {
   const int64_t N = int64_t(p.split.size());
   HostTensor out =
       HostTensor::contiguous(from.dtype, {N, from.shape[1], from.shape[2], from.shape[3]});
-  for (int64_t n = 0; n < N; ++n) {
-    for (int64_t h = 0; h < from.shape[1]; ++h) {
-      for (int64_t a = 0; a < from.shape[2]; ++a) {
-        for (int64_t b = 0; b < from.shape[3]; ++b) out.set_at({n, h, a, b}, from.at({n, h, a, b}));
-      }
-    }
-  }
+  for (int64_t n = 0; n < N; ++n) copy_row(from, n, out, n);
   return out;
 }
 

@@ -16,6 +16,14 @@
 
 namespace kdakit::testing {
 
+// The two CPU prefill backends, for tests that run a property on both.
+struct CpuBackend {
+  const char* name;
+  Status (*fn)(const PrefillParams&);
+};
+inline constexpr CpuBackend kCpuBackends[] = {{"reference", cpu::prefill_reference},
+                                              {"chunked", cpu::prefill_chunked}};
+
 // Relative-L2 bar for a result stored in `dtype`, given the bar `bar` of the computation: the
 // larger of `bar` and what storage rounding alone can cost. Against the float64 reference a
 // result rounded to bf16 / fp16 differs wherever the computation's error moves a value across

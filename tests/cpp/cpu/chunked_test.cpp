@@ -156,15 +156,6 @@ TEST(ChunkedVsReferenceRandom, RandomCases) {
 // Determinism, in place, chunk states
 // ------------------------------------------------------------------------------------------
 
-using PrefillFn = Status (*)(const PrefillParams&);
-
-struct Backend {
-  const char* name;
-  PrefillFn fn;
-};
-const Backend kBackends[] = {{"reference", cpu::prefill_reference},
-                             {"chunked", cpu::prefill_chunked}};
-
 TEST(PrefillDeterminism, RepeatedRunsAreBitwiseEqual) {
   auto rng = testing::make_rng();
   SCOPED_TRACE(rng.trace());
@@ -174,7 +165,7 @@ TEST(PrefillDeterminism, RepeatedRunsAreBitwiseEqual) {
                       .HV = 4,
                       .chunk_state_interval = 64};
   const PrefillTensors inputs = testing::make_prefill_tensors(c, rng);
-  for (const Backend& backend : kBackends) {
+  for (const testing::CpuBackend& backend : testing::kCpuBackends) {
     SCOPED_TRACE(backend.name);
     PrefillTensors first = inputs;
     ASSERT_TRUE(testing::run_prefill_on_host(backend.fn, c, first).ok());
@@ -206,7 +197,7 @@ TEST(PrefillInPlace, EqualsOutOfPlaceBitwise) {
       const PrefillTensors inputs = testing::make_prefill_tensors(in_place, rng);
       PrefillCase out_of_place = in_place;
       out_of_place.in_place = false;
-      for (const Backend& backend : kBackends) {
+      for (const testing::CpuBackend& backend : testing::kCpuBackends) {
         SCOPED_TRACE(std::string(backend.name) +
                      (source == StateSource::kPool ? " pool " : " dense ") +
                      to_string(state_dtype));
@@ -240,7 +231,7 @@ TEST(PrefillChunkStates, EqualFinalStatesOfPrefixRuns) {
                         .extra_slots = 2,
                         .chunk_state_interval = interval};
     const PrefillTensors inputs = testing::make_prefill_tensors(c, rng);
-    for (const Backend& backend : kBackends) {
+    for (const testing::CpuBackend& backend : testing::kCpuBackends) {
       SCOPED_TRACE(std::string(backend.name) + " interval " + std::to_string(interval));
       PrefillTensors full = inputs;
       ASSERT_TRUE(testing::run_prefill_on_host(backend.fn, c, full).ok());

@@ -23,44 +23,7 @@ using testing::PrefillCase;
 using testing::PrefillTensors;
 using testing::StateSource;
 
-using PrefillFn = Status (*)(const PrefillParams&);
-struct Backend {
-  const char* name;
-  PrefillFn fn;
-};
-const Backend kBackends[] = {{"reference", cpu::prefill_reference},
-                             {"chunked", cpu::prefill_chunked}};
-
-// Copies the [HV, a, b] block of slot `from` of tensor x into slot `to` of tensor y.
-void copy_slot(const HostTensor& x, int64_t from, HostTensor& y, int64_t to) {
-  for (int64_t h = 0; h < x.shape[1]; ++h) {
-    for (int64_t a = 0; a < x.shape[2]; ++a) {
-      for (int64_t b = 0; b < x.shape[3]; ++b) y.set_at({to, h, a, b}, x.at({from, h, a, b}));
-    }
-  }
-}
-
-::testing::AssertionResult slots_bitwise_equal(const HostTensor& x, int64_t slot_x,
-                                               const HostTensor& y, int64_t slot_y) {
-  const int64_t size = cpu::element_bytes(x.dtype);
-  for (int64_t h = 0; h < x.shape[1]; ++h) {
-    for (int64_t a = 0; a < x.shape[2]; ++a) {
-      for (int64_t b = 0; b < x.shape[3]; ++b) {
-        const auto* px =
-            static_cast<const unsigned char*>(x.data()) + x.offset_of({slot_x, h, a, b}) * size;
-        const auto* py =
-            static_cast<const unsigned char*>(y.data()) + y.offset_of({slot_y, h, a, b}) * size;
-        if (std::memcmp(px, py, size_t(size)) != 0) {
-          return ::testing::AssertionFailure()
-                 << "slot " << slot_x << " vs " << slot_y << " differ at head " << h << " [" << a
-                 << ", " << b << "]: " << x.at({slot_x, h, a, b}) << " vs "
-                 << y.at({slot_y, h, a, b});
-        }
-      }
-    }
-  }
-  return ::testing::AssertionSuccess();
-}
+using testing::kCpuBackends;
 
 // Empty sequences: final = initial bit for bit (even -0.0, subnormals and NaN payloads), zeros
 // without an initial state; no output written.
@@ -85,12 +48,12 @@ TEST(PrefillContract, EmptySequencesPassTheStateThroughBitForBit) {
         std::memcpy(nan_at, &nan_payload_bf16, 2);
       }
     }
-    for (const Backend& backend : kBackends) {
+    for (const testing::CpuBackend& backend : kCpuBackends) {
       SCOPED_TRACE(std::string(backend.name) + " " + to_string(state_dtype));
       PrefillTensors t = inputs;
       ASSERT_TRUE(testing::run_prefill_on_host(backend.fn, c, t).ok());
       for (int64_t n : {0, 2, 4})
-        EXPECT_TRUE(slots_bitwise_equal(t.final_state, n, inputs.initial_state, n));
+        EXPECT_TRUE(testing::rows_bitwise_equal(t.final_state, n, inputs.initial_state, n));
 
       // Without an initial state: exact zeros (+0.0).
       PrefillCase no_initial = c;
@@ -100,7 +63,7 @@ TEST(PrefillContract, EmptySequencesPassTheStateThroughBitForBit) {
       ASSERT_TRUE(testing::run_prefill_on_host(backend.fn, no_initial, z).ok());
       HostTensor zeros = z.final_state;
       zeros.fill_storage(0.0);
-      for (int64_t n : {0, 2, 4}) EXPECT_TRUE(slots_bitwise_equal(z.final_state, n, zeros, n));
+      for (int64_t n : {0, 2, 4}) EXPECT_TRUE(testing::rows_bitwise_equal(z.final_state, n, zeros, n));
       // No output anywhere but in the two non-empty sequences' tokens: all outputs are those.
       for (int64_t e = 0; e < t.o.numel(); ++e)
         ASSERT_FALSE(std::isnan(t.o.get(e))) << t.o.index_string(e);
@@ -121,7 +84,7 @@ TEST(PrefillContract, NothingWrittenPastCuOrIntoViewPadding) {
                       .chunk_state_interval = 64};
   const PrefillTensors inputs = testing::make_prefill_tensors(c, rng);
   const int64_t written_tokens = c.tokens_per_row() - c.tail;
-  for (const Backend& backend : kBackends) {
+  for (const testing::CpuBackend& backend : kCpuBackends) {
     SCOPED_TRACE(backend.name);
     PrefillTensors t = inputs;
     ASSERT_TRUE(testing::run_prefill_on_host(backend.fn, c, t).ok());
@@ -183,10 +146,10 @@ TEST(PrefillContract, PoolIndicesMatchTheDenseFormAndLeaveOtherSlotsAlone) {
     dense_inputs.dt_bias = inputs.dt_bias;
     dense_inputs.initial_state.fill_storage(0.0);
     for (int64_t n = 0; n < N; ++n) {
-      if (in_idx[n] >= 0) copy_slot(inputs.initial_state, in_idx[n], dense_inputs.initial_state, n);
+      if (in_idx[n] >= 0) testing::copy_row(inputs.initial_state, in_idx[n], dense_inputs.initial_state, n);
     }
 
-    for (const Backend& backend : kBackends) {
+    for (const testing::CpuBackend& backend : kCpuBackends) {
       SCOPED_TRACE(std::string(backend.name) + " " + to_string(state_dtype));
       PrefillTensors p = inputs;
       ASSERT_TRUE(testing::run_prefill_on_host(backend.fn, pool, p).ok());
@@ -197,12 +160,12 @@ TEST(PrefillContract, PoolIndicesMatchTheDenseFormAndLeaveOtherSlotsAlone) {
       for (int64_t n = 0; n < N; ++n) {
         if (out_idx[n] < 0) continue;
         written.insert(out_idx[n]);
-        EXPECT_TRUE(slots_bitwise_equal(p.final_state, out_idx[n], d.final_state, n))
+        EXPECT_TRUE(testing::rows_bitwise_equal(p.final_state, out_idx[n], d.final_state, n))
             << "sequence " << n;
       }
       for (int64_t slot = 0; slot < inputs.num_slots; ++slot) {
         if (!written.count(slot))
-          EXPECT_TRUE(slots_bitwise_equal(p.final_state, slot, inputs.final_state, slot));
+          EXPECT_TRUE(testing::rows_bitwise_equal(p.final_state, slot, inputs.final_state, slot));
       }
       EXPECT_TRUE(testing::storage_equal("initial pool", p.initial_state, inputs.initial_state));
     }
@@ -219,7 +182,7 @@ TEST(PrefillContract, OutOfRangePoolIndicesActLikeNegativeOnes) {
                       .final_state = StateSource::kPool,
                       .extra_slots = 2};
   PrefillTensors inputs = testing::make_prefill_tensors(c, rng);
-  for (const Backend& backend : kBackends) {
+  for (const testing::CpuBackend& backend : kCpuBackends) {
     SCOPED_TRACE(backend.name);
     PrefillTensors far = inputs;
     static_cast<int32_t*>(far.initial_state_indices.data())[1] = int32_t(inputs.num_slots);
@@ -240,7 +203,7 @@ TEST(PrefillContract, ZeroLengthFixedBatchCopiesTheStates) {
   SCOPED_TRACE(rng.trace());
   const PrefillCase c{.name = "t0", .batch = 3, .seqlen = 0, .dtype_state = DType::kBFloat16};
   const PrefillTensors inputs = testing::make_prefill_tensors(c, rng);
-  for (const Backend& backend : kBackends) {
+  for (const testing::CpuBackend& backend : kCpuBackends) {
     SCOPED_TRACE(backend.name);
     PrefillTensors t = inputs;
     ASSERT_TRUE(testing::run_prefill_on_host(backend.fn, c, t).ok());
@@ -257,7 +220,7 @@ TEST(PrefillContract, ChunkStatesStopAtTheCapacity) {
   const PrefillTensors inputs = testing::make_prefill_tensors(c, rng);
   const int64_t count = inputs.chunk_states.shape[0];  // 3 + 2 + 1
   ASSERT_EQ(count, 6);
-  for (const Backend& backend : kBackends) {
+  for (const testing::CpuBackend& backend : kCpuBackends) {
     SCOPED_TRACE(backend.name);
     PrefillTensors full = inputs;
     ASSERT_TRUE(testing::run_prefill_on_host(backend.fn, c, full).ok());
@@ -266,7 +229,7 @@ TEST(PrefillContract, ChunkStatesStopAtTheCapacity) {
     p.num_chunk_states = count - 2;
     ASSERT_TRUE(backend.fn(p).ok());
     for (int64_t e = 0; e < count; ++e) {
-      EXPECT_TRUE(slots_bitwise_equal(capped.chunk_states, e,
+      EXPECT_TRUE(testing::rows_bitwise_equal(capped.chunk_states, e,
                                       e < count - 2 ? full.chunk_states : inputs.chunk_states, e))
           << "entry " << e;
     }

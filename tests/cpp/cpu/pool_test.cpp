@@ -27,47 +27,11 @@ using testing::PrefillCase;
 using testing::PrefillTensors;
 using testing::StateSource;
 
-using PrefillFn = Status (*)(const PrefillParams&);
-struct Backend {
-  const char* name;
-  PrefillFn fn;
-};
-const Backend kBackends[] = {{"reference", cpu::prefill_reference},
-                             {"chunked", cpu::prefill_chunked}};
+using testing::copy_row;
+using testing::kCpuBackends;
+using testing::rows_bitwise_equal;
 
 const int32_t* indices(const HostTensor& t) { return static_cast<const int32_t*>(t.data()); }
-
-// Copies row `from` of a [rows, HV, a, b] tensor x into row `to` of y (any dtypes: values).
-void copy_row(const HostTensor& x, int64_t from, HostTensor& y, int64_t to) {
-  for (int64_t h = 0; h < x.shape[1]; ++h) {
-    for (int64_t a = 0; a < x.shape[2]; ++a) {
-      for (int64_t b = 0; b < x.shape[3]; ++b) y.set_at({to, h, a, b}, x.at({from, h, a, b}));
-    }
-  }
-}
-
-// Bitwise comparison of row rx of x and row ry of y.
-::testing::AssertionResult rows_equal(const HostTensor& x, int64_t rx, const HostTensor& y,
-                                      int64_t ry) {
-  if (x.dtype != y.dtype) return ::testing::AssertionFailure() << "dtypes differ";
-  const int64_t size = cpu::element_bytes(x.dtype);
-  for (int64_t h = 0; h < x.shape[1]; ++h) {
-    for (int64_t a = 0; a < x.shape[2]; ++a) {
-      for (int64_t b = 0; b < x.shape[3]; ++b) {
-        const auto* px =
-            static_cast<const unsigned char*>(x.data()) + x.offset_of({rx, h, a, b}) * size;
-        const auto* py =
-            static_cast<const unsigned char*>(y.data()) + y.offset_of({ry, h, a, b}) * size;
-        if (std::memcmp(px, py, size_t(size)) != 0) {
-          return ::testing::AssertionFailure()
-                 << "row " << rx << " vs " << ry << " differ at head " << h << " [" << a << ", "
-                 << b << "]: " << x.at({rx, h, a, b}) << " vs " << y.at({ry, h, a, b});
-        }
-      }
-    }
-  }
-  return ::testing::AssertionSuccess();
-}
 
 // The same inputs as `pool` (a case over state pools), laid out densely: initial states
 // gathered by the initial indices (zeros for -1), dense final state, dense chunk states.
@@ -111,7 +75,7 @@ void expect_pool_matches_dense(const PrefillCase& c, const PrefillTensors& befor
     const int32_t slot = indices(final_idx)[n];
     if (slot < 0) continue;
     written.insert(slot);
-    EXPECT_TRUE(rows_equal(pool_after, slot, d.final_state, n)) << "final state of sequence " << n;
+    EXPECT_TRUE(rows_bitwise_equal(pool_after, slot, d.final_state, n)) << "final state of sequence " << n;
   }
   // Chunk rows: their own pool, or the state pool.
   const bool in_state_pool = c.chunk_pool && c.chunk_in_state_pool;
@@ -122,18 +86,18 @@ void expect_pool_matches_dense(const PrefillCase& c, const PrefillTensors& befor
       const int32_t row = indices(before.chunk_state_indices)[e];
       if (row < 0) continue;
       (in_state_pool ? written : chunk_written).insert(row);
-      EXPECT_TRUE(rows_equal(rows_after, row, d.chunk_states, e)) << "chunk entry " << e;
+      EXPECT_TRUE(rows_bitwise_equal(rows_after, row, d.chunk_states, e)) << "chunk entry " << e;
     }
     if (!in_state_pool) {
       for (int64_t row = 0; row < before.chunk_states.shape[0]; ++row) {
         if (!chunk_written.count(row))
-          EXPECT_TRUE(rows_equal(p.chunk_states, row, before.chunk_states, row)) << "row " << row;
+          EXPECT_TRUE(rows_bitwise_equal(p.chunk_states, row, before.chunk_states, row)) << "row " << row;
       }
     }
   }
   for (int64_t slot = 0; slot < pool_before.shape[0]; ++slot) {
     if (!written.count(slot))
-      EXPECT_TRUE(rows_equal(pool_after, slot, pool_before, slot)) << "untouched slot " << slot;
+      EXPECT_TRUE(rows_bitwise_equal(pool_after, slot, pool_before, slot)) << "untouched slot " << slot;
   }
 }
 
@@ -159,7 +123,7 @@ TEST(PrefillPool, ReadOneSlotWriteAnotherOfTheSamePool) {
     const PrefillTensors inputs = testing::make_prefill_tensors(c, rng);
     PrefillCase dense;
     const PrefillTensors dense_inputs = dense_twin(c, inputs, dense, rng);
-    for (const Backend& backend : kBackends) {
+    for (const testing::CpuBackend& backend : kCpuBackends) {
       SCOPED_TRACE(std::string(backend.name) + " " + to_string(state_dtype));
       PrefillTensors p = inputs;
       ASSERT_TRUE(testing::run_prefill_on_host(backend.fn, c, p).ok());
@@ -194,7 +158,7 @@ TEST(PrefillPool, ChunkStatesIntoPoolRowsMatchTheDenseEntries) {
       const PrefillTensors inputs = testing::make_prefill_tensors(c, rng);
       PrefillCase dense;
       const PrefillTensors dense_inputs = dense_twin(c, inputs, dense, rng);
-      for (const Backend& backend : kBackends) {
+      for (const testing::CpuBackend& backend : kCpuBackends) {
         SCOPED_TRACE(std::string(backend.name) + " interval " + std::to_string(interval) +
                      (in_state_pool ? " in the state pool" : " own pool"));
         PrefillTensors p = inputs;
@@ -222,7 +186,7 @@ TEST(PrefillPool, ChunkIndicesPastTheCapacityOrOutOfRangeAreSkipped) {
   auto* rows = static_cast<int32_t*>(inputs.chunk_state_indices.data());
   for (int32_t e = 0; e < 5; ++e) rows[e] = e;
   rows[1] = int32_t(inputs.chunk_states.shape[0]);  // out of range
-  for (const Backend& backend : kBackends) {
+  for (const testing::CpuBackend& backend : kCpuBackends) {
     SCOPED_TRACE(backend.name);
     PrefillTensors t = inputs;
     PrefillParams p = testing::fill_prefill_params(c, t, testing::host_pointers(t));
@@ -230,7 +194,7 @@ TEST(PrefillPool, ChunkIndicesPastTheCapacityOrOutOfRangeAreSkipped) {
     ASSERT_TRUE(backend.fn(p).ok());
     for (int64_t row = 0; row < t.chunk_states.shape[0]; ++row) {
       const bool written = row == 0 || row == 2;
-      EXPECT_EQ(!rows_equal(t.chunk_states, row, inputs.chunk_states, row), written)
+      EXPECT_EQ(!rows_bitwise_equal(t.chunk_states, row, inputs.chunk_states, row), written)
           << "row " << row;
     }
   }
@@ -256,7 +220,7 @@ TEST(PrefillPool, ChunkStatesInTheirOwnDtype) {
     own_inputs.chunk_states = testing::detail::make_state_tensor(
         chunk_dtype, inputs.chunk_states.shape[0], same.HV, same.K, same.V, same.layout, 0);
     own_inputs.chunk_states.poison();
-    for (const Backend& backend : kBackends) {
+    for (const testing::CpuBackend& backend : kCpuBackends) {
       SCOPED_TRACE(std::string(backend.name) + " state " + to_string(state_dtype));
       PrefillTensors a = inputs;
       ASSERT_TRUE(testing::run_prefill_on_host(backend.fn, same, a).ok());
@@ -298,7 +262,7 @@ TEST(PrefillPool, PrefillInPiecesEqualsOnePrefill) {
       std::vector<int64_t> split = testing::random_splits(lengths, rng);
       split[0] = 128;  // at least one cut inside a sequence, one at its start
       split[1] = 0;
-      for (const Backend& backend : kBackends) {
+      for (const testing::CpuBackend& backend : kCpuBackends) {
         SCOPED_TRACE(std::string(backend.name) + (into_pool_rows ? " pool rows " : " dense ") +
                      to_string(state_dtype));
         testing::Pieces p = testing::make_pieces(c, split, into_pool_rows, rng);
