@@ -66,6 +66,17 @@ def _select(cases, spec: str | None):
     return [c for c in cases if any(k in c.name for k in keys)]
 
 
+def _kdakit_call(case, x, **states) -> tuple[tuple, dict]:
+    """The positional inputs and keyword arguments of every timed kdakit.prefill call of a case
+    (the benchmark's gate, flags and V-first layout), plus the given state arguments."""
+    args = (x["q"], x["k"], x["v"], x["g"], x["beta"])
+    kwargs = dict(gate=case.gate, A_log=x["A_log"], dt_bias=x["dt_bias"],
+                  lower_bound=LOWER_BOUND if case.gate == "lower_bound" else None,
+                  use_qk_l2norm=True, use_beta_sigmoid=True, cu_seqlens=x["cu_seqlens"],
+                  state_layout="v_first", **states)
+    return args, kwargs
+
+
 def _kdakit_runner(case, x) -> tuple[Callable[[], Any], Any]:
     import torch
 
@@ -74,11 +85,7 @@ def _kdakit_runner(case, x) -> tuple[Callable[[], Any], Any]:
     B, T, HV, V = case.B, case.T, case.num_v_heads, case.V
     out = torch.empty((B, T, HV, V), dtype=torch.bfloat16, device="cuda")
     final = torch.empty_like(x["initial_state"])
-    kwargs = dict(gate=case.gate, A_log=x["A_log"], dt_bias=x["dt_bias"],
-                  lower_bound=LOWER_BOUND if case.gate == "lower_bound" else None,
-                  use_qk_l2norm=True, use_beta_sigmoid=True, cu_seqlens=x["cu_seqlens"],
-                  initial_state=x["initial_state"], final_state=final, state_layout="v_first")
-    args = (x["q"], x["k"], x["v"], x["g"], x["beta"])
+    args, kwargs = _kdakit_call(case, x, initial_state=x["initial_state"], final_state=final)
     nbytes = kdakit.prefill_workspace_size(*args, **kwargs)
     workspace = torch.empty(max(int(nbytes), 1), dtype=torch.uint8, device="cuda")
 
@@ -177,11 +184,7 @@ def _pool_variants(case, x) -> tuple[dict[str, Callable[[], Any]], Callable[[], 
     dense_init = torch.empty((N, HV, V, K), device="cuda")
     dense_final = torch.empty_like(dense_init)
     chunks = torch.empty((entries, HV, V, K), device="cuda")
-    common = dict(gate=case.gate, A_log=x["A_log"], dt_bias=x["dt_bias"],
-                  lower_bound=LOWER_BOUND if case.gate == "lower_bound" else None,
-                  use_qk_l2norm=True, use_beta_sigmoid=True, cu_seqlens=x["cu_seqlens"],
-                  state_layout="v_first")
-    args = (x["q"], x["k"], x["v"], x["g"], x["beta"])
+    args, common = _kdakit_call(case, x)
     in_place = dict(initial_state=pool, initial_state_indices=read, final_state=pool,
                     final_state_indices=read)
     configs = {
@@ -297,12 +300,7 @@ def _plan_compare(cases, layers: int, repeats: int, cooldown: float, json_path: 
         B, T, HV, V = case.B, case.T, case.num_v_heads, case.V
         out = torch.empty((B, T, HV, V), dtype=torch.bfloat16, device="cuda")
         final = torch.empty_like(x["initial_state"])
-        kwargs = dict(gate=case.gate, A_log=x["A_log"], dt_bias=x["dt_bias"],
-                      lower_bound=LOWER_BOUND if case.gate == "lower_bound" else None,
-                      use_qk_l2norm=True, use_beta_sigmoid=True, cu_seqlens=x["cu_seqlens"],
-                      initial_state=x["initial_state"], final_state=final,
-                      state_layout="v_first")
-        args = (x["q"], x["k"], x["v"], x["g"], x["beta"])
+        args, kwargs = _kdakit_call(case, x, initial_state=x["initial_state"], final_state=final)
         batch = dict(num_seqs=case.N) if case.packed else dict(batch=B)
         nbytes = kdakit.prefill_workspace_size(num_tokens=T, num_v_heads=HV, **batch)
         ws = torch.empty(max(nbytes, 1), dtype=torch.uint8, device="cuda")
