@@ -75,22 +75,23 @@ CASES = [
 # "name[@ctas][+pdl]": KDAKIT_DECODE_VARIANT=name, KDAKIT_DECODE_RING_CTAS=ctas (the ring grid
 # capped, so that each warp streams many units), KDAKIT_DECODE_PDL=1 with "+pdl".
 VARIANTS = ["registers", "staged", "staged64", "direct32", "direct16", "ring8x3", "ring12x2", "ring4x6", "ring8x3bs",
-            "direct32+pdl", "ring8x3+pdl", "ring4x6@3", "ring12x2@2+pdl", "ring8x3bs@3+pdl"]
+            "direct32+pdl", "ring8x3+pdl", "ring4x6@3", "ring12x2@2+pdl", "ring8x3bs@3+pdl", "staged+pdl",
+            "staged64+pdl", "direct32+pdl+nopf"]
 SINGLE_COLUMN = [c for c in CASES if c[5] == 1 and c[7] == "v_first"]
 
 
 def _force_variant(monkeypatch, spec):
     """Sets the variant's environment; returns what the dispatcher prints for it."""
-    pdl = spec.endswith("+pdl")
-    name = spec[:-4] if pdl else spec
+    name, *mods = spec.split("+")
+    pdl = "pdl" in mods
     if "@" in name:
         name, ctas = name.split("@")
         monkeypatch.setenv("KDAKIT_DECODE_RING_CTAS", ctas)
     monkeypatch.setenv("KDAKIT_DECODE_VARIANT", name)
     monkeypatch.setenv("KDAKIT_DECODE_PDL", "1" if pdl else "0")
+    monkeypatch.setenv("KDAKIT_DECODE_PREFETCH", "0" if "nopf" in mods else "1")
     monkeypatch.setenv("KDAKIT_PRINT_CONFIGS", "1")
-    fast = name.startswith(("direct", "ring"))
-    return f"variant={name} pdl={1 if pdl and fast else 0}"
+    return f"variant={name} pdl={1 if pdl and name != 'registers' else 0}"
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
@@ -146,7 +147,7 @@ def test_decode_matches_reference(case):
 
 
 @pytest.mark.parametrize("variant", ["auto", "direct32+pdl", "direct16", "ring8x3+pdl", "ring4x6@2+pdl", "ring8x3bs+pdl",
-                                     "staged"])
+                                     "staged", "staged+pdl", "staged64+pdl"])
 def test_decode_chained_steps_and_graph_replay(variant, monkeypatch):
     """Three steps on one pool with fresh inputs each step; the third replays a CUDA graph."""
     import torch

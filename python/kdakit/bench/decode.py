@@ -21,9 +21,10 @@ a fraction of the 4.27 TB/s copy ceiling measured on H200 (TARGETS.md), FLA's ti
 speedup; then a geometric mean. Each case first checks kdakit's output against FLA's on the
 same inputs (relative L2), so a ratio never hides a wrong answer.
 
-Kernel variants: ``--variants`` takes a comma list of specs ``name[@ctas][+pdl]`` (``name`` a
-KDAKIT_DECODE_VARIANT value: registers, staged, staged64, direct32, direct16, ring8x3, ring12x2,
-ring4x6, ring8x3bs; ``+pdl`` sets KDAKIT_DECODE_PDL=1; ``@ctas`` caps the ring grid), ``auto`` (the
+Kernel variants: ``--variants`` takes a comma list of specs ``name[@ctas][+pdl][+nopf]`` (``name``
+a KDAKIT_DECODE_VARIANT value: registers, staged, staged64, direct32, direct16, ring8x3, ring12x2,
+ring4x6, ring8x3bs; ``+pdl`` sets KDAKIT_DECODE_PDL=1, else a forced name runs without PDL;
+``+nopf`` sets KDAKIT_DECODE_PREFETCH=0; ``@ctas`` caps the ring grid), ``auto`` (the
 dispatcher's choice), ``auto+pdl``, or ``all`` (every spec of ALL_VARIANTS). The dispatcher reads
 the variables on every call (src/cuda/sm90/decode/dispatch.cu), so each decode row is checked
 against FLA and timed once per variant in the same process, beside one FLA timing; the kernel
@@ -56,7 +57,8 @@ COPY_CEILING_TBPS = 4.27  # H200 device-to-device copy, read + write (TARGETS.md
 LOWER_BOUND = -5.0
 ROTATION_BYTES = 256 * 1024 * 1024
 MAX_POOL_BYTES = 24 * 1024**3
-ALL_VARIANTS = ["auto", "auto+pdl", "staged", "staged64", "direct32", "direct16", "ring8x3", "ring12x2", "ring4x6",
+ALL_VARIANTS = ["auto", "auto+pdl", "staged", "staged64", "staged+pdl", "staged64+pdl", "staged64+pdl+nopf",
+                "direct32+pdl+nopf", "direct32", "direct16", "ring8x3", "ring12x2", "ring4x6",
                 "ring8x3bs", "direct32+pdl", "direct16+pdl", "ring8x3+pdl", "ring12x2+pdl", "ring4x6+pdl",
                 "ring8x3bs+pdl"]
 
@@ -181,20 +183,33 @@ def _copy_ceiling_tbps(torch) -> tuple[float, float]:
     return 2 * n * 4 / (copy_us * 1e6), 2 * n * 4 / (inplace_us * 1e6)
 
 
-_VARIANT_ENV = ("KDAKIT_DECODE_VARIANT", "KDAKIT_DECODE_PDL", "KDAKIT_DECODE_RING_CTAS")
+_VARIANT_ENV = ("KDAKIT_DECODE_VARIANT", "KDAKIT_DECODE_PDL", "KDAKIT_DECODE_RING_CTAS", "KDAKIT_DECODE_PREFETCH")
+
+
+def _parse_spec(spec: str) -> tuple[str, str | None, set[str]]:
+    """``name[@ctas][+pdl][+nopf]`` -> (name, ctas, {"pdl", "nopf"} subset)."""
+    name, *mods = spec.split("+")
+    ctas = None
+    if "@" in name:
+        name, ctas = name.split("@", 1)
+    return name, ctas, set(mods)
 
 
 def _set_variant(spec: str) -> None:
-    """Environment of a variant spec ``name[@ctas][+pdl]`` (``auto``: the dispatcher's choice)."""
+    """Environment of a variant spec ``name[@ctas][+pdl][+nopf]`` (``auto``: the dispatcher's
+    choice; a forced name without ``+pdl`` launches without PDL; ``+nopf``: PDL without the L2
+    prefetch before griddepcontrol.wait)."""
     for key in _VARIANT_ENV:
         os.environ.pop(key, None)
-    pdl = spec.endswith("+pdl")
-    name = spec[:-4] if pdl else spec
-    if "@" in name:
-        name, ctas = name.split("@", 1)
+    name, ctas, mods = _parse_spec(spec)
+    if ctas is not None:
         os.environ["KDAKIT_DECODE_RING_CTAS"] = ctas
-    if pdl:
+    if "pdl" in mods:
         os.environ["KDAKIT_DECODE_PDL"] = "1"
+    elif name != "auto":
+        os.environ["KDAKIT_DECODE_PDL"] = "0"
+    if "nopf" in mods:
+        os.environ["KDAKIT_DECODE_PREFETCH"] = "0"
     if name != "auto":
         os.environ["KDAKIT_DECODE_VARIANT"] = name
 
@@ -233,11 +248,10 @@ def _ran_variant(torch, call) -> str:
 
 def _expected_ran(spec: str) -> str | None:
     """What the dispatcher must report for a forced spec (None for auto)."""
-    pdl = spec.endswith("+pdl")
-    name = (spec[:-4] if pdl else spec).split("@", 1)[0]
+    name, _, mods = _parse_spec(spec)
     if name == "auto":
         return None
-    return name + ("+pdl" if pdl and name.startswith(("direct", "ring")) else "")
+    return name + ("+pdl" if "pdl" in mods and name != "registers" else "")
 
 
 def run_case(torch, kdakit, fla_rec, fla_chunk, case: Case, repeats: int, gen, variants: list[str],

@@ -23,6 +23,11 @@
 //                                             their writes are visible (returns at once when
 //                                             the grid was launched without the attribute)
 //   griddep_launch_dependents()               let the next grid of the stream start launching
+//   load_relaxed_gpu(p)                       a 32-bit load at GPU scope (served by L2, never a
+//                                             stale L1 line): safe before griddep_wait() on
+//                                             memory the previous grid may still write
+//   bulk_prefetch_l2(src, bytes)              cp.async.bulk.prefetch.L2: bring `bytes` (% 16 == 0,
+//                                             16-byte aligned) into L2; a hint, no data returned
 //
 // PTX ISA:
 // https://docs.nvidia.com/cuda/parallel-thread-execution/#parallel-synchronization-and-communication-instructions-mbarrier
@@ -125,6 +130,20 @@ __device__ __forceinline__ void griddep_wait() {
 
 __device__ __forceinline__ void griddep_launch_dependents() {
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+}
+
+// NOTE: what a grid may do before griddep_wait(): nothing that depends on the previous grid's
+// writes for correctness. A relaxed GPU-scope load may race with such a write and return the old
+// or the new value (never a torn or cached one); an L2 prefetch only moves lines into L2, which
+// is the point of coherence, so a later load after griddep_wait() still sees the final data.
+__device__ __forceinline__ int32_t load_relaxed_gpu(const int32_t* p) {
+  int32_t v;
+  asm volatile("ld.relaxed.gpu.global.b32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+
+__device__ __forceinline__ void bulk_prefetch_l2(const void* src, uint32_t bytes) {
+  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(src), "r"(bytes) : "memory");
 }
 
 }  // namespace kdakit::cuda::ptx

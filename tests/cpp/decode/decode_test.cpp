@@ -84,7 +84,9 @@ void reupload(const HostTensor& x, void* device) {
 // ------------------------------------------------------------------------------------------
 
 // "auto" is the dispatcher's own choice; otherwise a KDAKIT_DECODE_VARIANT name, "+pdl" for a
-// launch with programmatic dependent launch (KDAKIT_DECODE_PDL=1), "@n" for a ring grid capped
+// launch with programmatic dependent launch (KDAKIT_DECODE_PDL=1, else 0; with it the direct and
+// staged kernels prefetch their rows before the grid wait, "+nopf" turns that off:
+// KDAKIT_DECODE_PREFETCH=0), "@n" for a ring grid capped
 // at n CTAs (KDAKIT_DECODE_RING_CTAS=n: hundreds of units per warp, so that index batches are
 // refilled and every stage's mbarrier phase wraps many times on a small problem).
 const std::vector<std::string>& test_variants() {
@@ -92,7 +94,7 @@ const std::vector<std::string>& test_variants() {
       "auto",         "registers",    "staged",      "staged64",   "direct32",
       "direct16",     "ring8x3",      "ring12x2",    "ring4x6",    "ring8x3bs",
       "direct32+pdl", "direct16+pdl", "ring8x3+pdl", "ring8x3@3",  "ring12x2@2",
-      "ring4x6@5+pdl", "ring8x3bs@4+pdl"};
+      "ring4x6@5+pdl", "ring8x3bs@4+pdl", "staged+pdl", "staged64+pdl", "direct32+pdl+nopf"};
   return variants;
 }
 
@@ -108,8 +110,8 @@ class ScopedVariant {
       setenv("KDAKIT_DECODE_RING_CTAS", rest.substr(at + 1, end - at - 1).c_str(), 1);
       rest.erase(at, end == std::string::npos ? std::string::npos : end - at);
     }
-    pdl_ = rest.size() > 4 && rest.compare(rest.size() - 4, 4, "+pdl") == 0;
-    if (pdl_) rest.resize(rest.size() - 4);
+    if (strip_suffix(rest, "+nopf")) setenv("KDAKIT_DECODE_PREFETCH", "0", 1);
+    pdl_ = strip_suffix(rest, "+pdl");
     name_ = rest;
     setenv("KDAKIT_DECODE_VARIANT", name_.c_str(), 1);
     setenv("KDAKIT_DECODE_PDL", pdl_ ? "1" : "0", 1);
@@ -125,10 +127,16 @@ class ScopedVariant {
   }
 
  private:
+  static bool strip_suffix(std::string& s, const std::string& suffix) {
+    if (s.size() <= suffix.size() || s.compare(s.size() - suffix.size(), suffix.size(), suffix) != 0) return false;
+    s.resize(s.size() - suffix.size());
+    return true;
+  }
   static void clear() {
     unsetenv("KDAKIT_DECODE_VARIANT");
     unsetenv("KDAKIT_DECODE_PDL");
     unsetenv("KDAKIT_DECODE_RING_CTAS");
+    unsetenv("KDAKIT_DECODE_PREFETCH");
   }
   std::string name_;
   bool pdl_ = false;

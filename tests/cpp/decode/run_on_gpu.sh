@@ -46,6 +46,7 @@ if [ "$run_tests" = 1 ]; then
   memcheck_filter+=':*/packed_int64_cu__ring4x6_5_pdl:*/packed_int64_cu__direct32:*/gva_h2_hv10_bf16_padding__ring8x3'
   memcheck_filter+=':*/head_dim_64_bf16_gva_padding__direct16:*/staged_packed_token_loop_bf16__ring12x2_2'
   memcheck_filter+=':Variants/DecodeKernelGraph.*/ring8x3_pdl:Variants/DecodeKernelGraph.*/direct32_pdl'
+  memcheck_filter+=':Variants/DecodeKernelGraph.*/staged64_pdl:*/padding_rows__staged_pdl'
   SECONDS=0
   timeout 180 compute-sanitizer --tool memcheck --leak-check no "$bin" --gtest_filter="$memcheck_filter" \
     >"$out/memcheck_decode.log" 2>&1

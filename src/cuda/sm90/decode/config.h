@@ -141,6 +141,8 @@ struct RecurrentKernelParams {
   int32_t num_index_cols = 1;
   const int32_t* num_accepted_tokens = nullptr;
   bool null_slot_is_padding = false;
+  // Staged kernel launched with PDL: the L2 prefetch of FastFlags::kPrefetchBeforeWait.
+  bool prefetch_before_wait = false;
   // kPrefill: initial state (null = zeros), dense or indexed; final state likewise.
   const void* initial_state = nullptr;
   const int32_t* initial_state_indices = nullptr;
@@ -262,6 +264,10 @@ struct FastFlags {
   static constexpr uint32_t kNegEigval = 1u << 11;
   static constexpr uint32_t kScalarGate = 1u << 12;
   static constexpr uint32_t kNullSlotIsPadding = 1u << 13;
+  // Launched with PDL: before griddepcontrol.wait, read the slot index at GPU scope and ask L2
+  // for the warp's state rows (ptx_sm90.cuh: load_relaxed_gpu, bulk_prefetch_l2), so that the
+  // state's DRAM round trip overlaps the previous kernel instead of following it.
+  static constexpr uint32_t kPrefetchBeforeWait = 1u << 14;
   static constexpr uint32_t pack(DType qkv, DType g, DType beta, GateMode gate) {
     return (uint32_t(qkv) << kDtypeQkvShift) | (uint32_t(g) << kDtypeGShift) |
            (uint32_t(beta) << kDtypeBetaShift) | (uint32_t(gate) << kGateShift);

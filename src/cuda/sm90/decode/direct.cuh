@@ -12,7 +12,9 @@
 //
 // Steps of one warp, in issue order (the chain of a call is: slot index -> state -> math ->
 // store; everything else overlaps it):
-//   0. griddepcontrol.wait (a no-op without PDL), then let the next grid launch;
+//   0. with PDL (FastFlags::kPrefetchBeforeWait), lane 0 reads the slot index at GPU scope and
+//      asks L2 for the warp's rows while the previous kernel finishes; griddepcontrol.wait (a
+//      no-op without PDL), then let the next grid launch;
 //   1. the slot index load, and for packed batches the two cu_seqlens loads, all at once;
 //   2. token 0's raw inputs (q, k, g, dt_bias, A_log, beta, v), issued before the slot is back
 //      (dense batches; packed ones need cu_seqlens first);
@@ -57,6 +59,17 @@ __global__ void __launch_bounds__(kDirectThreads, kDirectMinCtasPerSm)
                  warp * kRowsPerWarp;  // this warp's first value row
   const int hk = fast_qk_head(p, h);
 
+  const int64_t rows_offset = int64_t(h) * kHeadDim * kHeadDim + j0 * kHeadDim;
+  if ((p.flags & FastFlags::kPrefetchBeforeWait) && lane == 0) {
+    // NOTE: under PDL this runs while the previous kernel still runs; the index is re-read after
+    // the wait (it may change until then), this one only aims the prefetch.
+    const int32_t guess = kdakit::cuda::ptx::load_relaxed_gpu(p.state_indices + int64_t(n) * p.stride_state_indices_n);
+    if (fast_slot_valid(guess, p)) {
+      kdakit::cuda::ptx::bulk_prefetch_l2(
+          static_cast<const StateT*>(p.pool) + int64_t(guess) * p.stride_pool_slot + rows_offset,
+          uint32_t(kRowsPerWarp * kHeadDim * sizeof(StateT)));
+    }
+  }
   kdakit::cuda::ptx::griddep_wait();
   kdakit::cuda::ptx::griddep_launch_dependents();
 
@@ -82,8 +95,7 @@ __global__ void __launch_bounds__(kDirectThreads, kDirectMinCtasPerSm)
     return;
   }
   if (range.len == 0) return;  // an empty sequence: its state passes through untouched
-  StateT* rows = static_cast<StateT*>(p.pool) + int64_t(slot) * p.stride_pool_slot +
-                 int64_t(h) * kHeadDim * kHeadDim + j0 * kHeadDim + lane * kE;
+  StateT* rows = static_cast<StateT*>(p.pool) + int64_t(slot) * p.stride_pool_slot + rows_offset + lane * kE;
   float s[kRowsPerWarp][kE];
 #pragma unroll
   for (int r = 0; r < kRowsPerWarp; ++r)
@@ -118,10 +130,14 @@ Status launch_direct(const FastDecodeParams& p, cudaStream_t stream, bool pdl) {
                   "decode: the direct kernel takes at most " + std::to_string(kDirectMaxSeqs) +
                       " sequences (grid y), got " + std::to_string(p.num_seqs));
   }
-  return launch_fast_kernel(kda_decode_sm90_direct_kernel<StateT, kHeadDim, kRowsPerWarp>,
-                            "kda_decode_sm90_direct_kernel",
-                            dim3(unsigned(p.num_v_heads * kSlices), unsigned(p.num_seqs)),
-                            kDirectThreads, 0, stream, pdl, p);
+  // NOTE: without the attribute nothing runs concurrently with the previous kernel, so a prefetch
+  // before the (then no-op) wait would only delay the chain.
+  FastDecodeParams q = p;
+  if (!pdl) q.flags &= ~FastFlags::kPrefetchBeforeWait;
+  return launch_pdl_kernel(kda_decode_sm90_direct_kernel<StateT, kHeadDim, kRowsPerWarp>,
+                           "kda_decode_sm90_direct_kernel",
+                           dim3(unsigned(p.num_v_heads * kSlices), unsigned(p.num_seqs)), kDirectThreads,
+                           0, stream, pdl, q);
 }
 
 }  // namespace kdakit::sm90::recurrent

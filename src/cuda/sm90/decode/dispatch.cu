@@ -277,6 +277,21 @@ constexpr int64_t kDirectMaxSlicesPerSm = 4;
 // at H32 B1 fp32, 5.62 against 5.87 at H96 B1 bf16.
 constexpr bool kDefaultPdl = true;
 
+// NOTE: with PDL, the direct and staged kernels read their slot index at GPU scope and prefetch
+// their state rows into L2 before griddepcontrol.wait (direct.cuh, kernel.cuh), so the state's
+// DRAM latency overlaps the previous kernel. KDAKIT_DECODE_PREFETCH=0 turns that off (A/B timing).
+constexpr bool kDefaultPrefetch = true;
+
+bool is_fast(Variant v) {
+  return v == Variant::kDirect32 || v == Variant::kDirect16 || v == Variant::kRing8x3 || v == Variant::kRing12x2 ||
+         v == Variant::kRing4x6 || v == Variant::kRing8x3BulkStore;
+}
+bool is_staged(Variant v) {
+  return v == Variant::kStagedSingle || v == Variant::kStagedSingleWide || v == Variant::kStagedMulti;
+}
+// Variants launched through launch_pdl_kernel (everything but the register kernel).
+bool pdl_capable(Variant v) { return is_fast(v) || is_staged(v); }
+
 // What each variant can run (checked before the choice, also for a forced variant).
 bool staged_fits(const RecurrentKernelParams& k, DType dtype_state, StateLayout layout) {
   if (k.mode != recurrent::Mode::kDecode || layout != StateLayout::kVFirst || k.num_index_cols != 1) return false;
@@ -294,6 +309,7 @@ bool wide_fits(const RecurrentKernelParams& k, DType dtype_state, StateLayout la
 struct Choice {
   Variant variant = Variant::kRegisters;
   bool pdl = false;
+  bool prefetch = false;  // with pdl: the L2 prefetch before griddepcontrol.wait (direct, staged)
 };
 
 bool env_flag(const char* name, bool fallback) {
@@ -350,7 +366,10 @@ Choice choose_variant(const RecurrentKernelParams& k, bool fast, DType dtype_sta
       c.variant = Variant::kRing8x3BulkStore;
     }
   }
-  c.pdl = env_flag("KDAKIT_DECODE_PDL", kDefaultPdl && (c.variant == Variant::kDirect32 || c.variant == Variant::kDirect16));
+  c.pdl = pdl_capable(c.variant) &&
+          env_flag("KDAKIT_DECODE_PDL", kDefaultPdl && (c.variant == Variant::kDirect32 || c.variant == Variant::kDirect16 ||
+                                                         is_staged(c.variant)));
+  c.prefetch = c.pdl && env_flag("KDAKIT_DECODE_PREFETCH", kDefaultPrefetch);
   return c;
 }
 
@@ -359,11 +378,6 @@ Choice choose_variant(const RecurrentKernelParams& k, bool fast, DType dtype_sta
 int ring_max_ctas() {
   const char* v = std::getenv("KDAKIT_DECODE_RING_CTAS");
   return v != nullptr ? std::max(0, std::atoi(v)) : 0;
-}
-
-bool is_fast(Variant v) {
-  return v == Variant::kDirect32 || v == Variant::kDirect16 || v == Variant::kRing8x3 || v == Variant::kRing12x2 ||
-         v == Variant::kRing4x6 || v == Variant::kRing8x3BulkStore;
 }
 
 Status launch_fast(const recurrent::FastDecodeParams& f, Variant variant, bool pdl, DType dtype_state, int head_dim,
@@ -398,19 +412,26 @@ Status launch(const RecurrentKernelParams& k, const recurrent::FastDecodeParams*
     std::fprintf(stderr,
                  "kdakit: kda_decode_sm90_%s variant=%s pdl=%d state=%s layout=%s K=V=%d mode=%s seqs=%lld heads=%d "
                  "token_group=%d items=%lld\n",
-                 variant_name(variant), variant_env_name(variant), is_fast(variant) && choice.pdl ? 1 : 0,
+                 variant_name(variant), variant_env_name(variant), choice.pdl ? 1 : 0,
                  to_string(dtype_state), to_string(layout), head_dim,
                  k.mode == recurrent::Mode::kDecode ? "decode" : "prefill", (long long)k.num_seqs, k.num_v_heads,
                  k.token_group, (long long)(k.num_seqs * k.num_v_heads * (head_dim / recurrent::kValuesPerCta)));
   }
-  if (is_fast(variant)) return launch_fast(*fast, variant, choice.pdl, dtype_state, head_dim, stream);
+  const bool pdl = choice.pdl;
+  if (is_fast(variant)) {
+    recurrent::FastDecodeParams f = *fast;
+    if (choice.prefetch) f.flags |= recurrent::FastFlags::kPrefetchBeforeWait;
+    return launch_fast(f, variant, pdl, dtype_state, head_dim, stream);
+  }
+  RecurrentKernelParams ks = k;
+  ks.prefetch_before_wait = choice.prefetch;
   auto staged = [&]<class StateT, bool kSingle>() -> Status {
-    if (head_dim == 128) return recurrent::launch_staged<StateT, 128, kSingle, 1>(k, stream);
-    return recurrent::launch_staged<StateT, 64, kSingle, 1>(k, stream);
+    if (head_dim == 128) return recurrent::launch_staged<StateT, 128, kSingle, 1>(ks, stream, pdl);
+    return recurrent::launch_staged<StateT, 64, kSingle, 1>(ks, stream, pdl);
   };
   if (variant == Variant::kStagedSingleWide) {
-    if (dtype_state == DType::kFloat32) return recurrent::launch_staged<float, 128, true, 2>(k, stream);
-    return recurrent::launch_staged<__nv_bfloat16, 128, true, 2>(k, stream);
+    if (dtype_state == DType::kFloat32) return recurrent::launch_staged<float, 128, true, 2>(ks, stream, pdl);
+    return recurrent::launch_staged<__nv_bfloat16, 128, true, 2>(ks, stream, pdl);
   }
   if (variant != Variant::kRegisters) {
     const bool single = variant == Variant::kStagedSingle;
@@ -469,7 +490,7 @@ std::string decode_variant(const DecodeParams& p) {
   recurrent::FastDecodeParams f;
   const bool fast = make_fast_params(p, f);
   const Choice c = choose_variant(k, fast, p.dtype_state, p.state_layout, p.head_dim_k);
-  return std::string(variant_env_name(c.variant)) + (is_fast(c.variant) && c.pdl ? "+pdl" : "");
+  return std::string(variant_env_name(c.variant)) + (c.pdl ? "+pdl" : "");
 }
 
 std::vector<std::string> decode_variant_names() {

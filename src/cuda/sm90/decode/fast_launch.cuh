@@ -1,8 +1,9 @@
-// Host launch of the fast decode kernels (direct.cuh, ring.cuh) with an optional programmatic
-// dependent launch (PDL) attribute.
+// Host launch of the decode kernels that support programmatic dependent launch (PDL: direct.cuh,
+// ring.cuh, the staged kernel of kernel.cuh), with the attribute optional.
 //
 // NOTE: with PDL the kernel may start while the previous kernel of the stream is finishing;
-// both fast kernels call griddepcontrol.wait before their first global-memory access, which
+// these kernels call griddepcontrol.wait before their first global-memory access that could
+// depend on it (before it they only read a slot index at GPU scope to aim an L2 prefetch), which
 // returns once that kernel has completed and its writes are visible, so results are the same
 // with and without it. What it saves is the launch latency between two kernels (small
 // batches are latency-bound). Inside stream capture the attribute becomes a programmatic
@@ -19,9 +20,9 @@
 
 namespace kdakit::sm90::recurrent {
 
-template <class Kernel>
-Status launch_fast_kernel(Kernel kernel, const char* name, dim3 grid, int threads, int smem_bytes,
-                          cudaStream_t stream, bool pdl, const FastDecodeParams& p) {
+template <class Kernel, class Params>
+Status launch_pdl_kernel(Kernel kernel, const char* name, dim3 grid, int threads, int smem_bytes,
+                         cudaStream_t stream, bool pdl, const Params& p) {
   cudaLaunchConfig_t config = {};
   config.gridDim = grid;
   config.blockDim = dim3(unsigned(threads));

@@ -50,7 +50,9 @@
 
 #include "cuda/common/dtype.cuh"
 #include "cuda/common/math.cuh"
+#include "cuda/common/ptx_sm90.cuh"
 #include "cuda/sm90/decode/config.h"
+#include "cuda/sm90/decode/fast_launch.cuh"
 #include "cuda/sm90/decode/launch.h"
 
 namespace kdakit::sm90::recurrent {
@@ -630,6 +632,9 @@ Status launch_recurrent(const RecurrentKernelParams& p, cudaStream_t stream) {
 // ------------------------------------------------------------------------------------------
 //
 // Same math and grid as kda_decode_sm90_kernel; what differs is where the state waits:
+//   0. launched with PDL: thread 0 reads the slot index at GPU scope and asks L2 for the slice
+//      (one bulk prefetch) while the previous kernel finishes, then every thread waits for that
+//      kernel (griddepcontrol.wait; a no-op without PDL) before the loads below;
 //   1. warp 0 issues the raw loads of token 0 (q, k, g, beta, v, A_log, dt_bias) first, so
 //      that they overlap the slot-index -> state chain;
 //   2. the start slot is read; padding rows write zeros and return;
@@ -692,6 +697,19 @@ __global__ void __launch_bounds__(kThreads, staged_min_ctas_per_sm(kSingleToken)
   const int h = (cta / kSlices) % p.num_v_heads;
   const int64_t n = cta / (kSlices * p.num_v_heads);
   const int64_t head_offset = int64_t(h) * kBlockElems;
+
+  // --- 0. with PDL: aim an L2 prefetch of the slice while the previous kernel finishes (the
+  // index is re-read after the wait); then wait for it and let the next grid launch.
+  if (p.prefetch_before_wait && threadIdx.x == 0) {
+    const int64_t guess = kdakit::cuda::ptx::load_relaxed_gpu(p.state_indices + n * p.stride_state_indices_n);
+    if (slot_valid(guess, p.num_pool_slots, p.null_slot_is_padding)) {
+      kdakit::cuda::ptx::bulk_prefetch_l2(
+          static_cast<const StateT*>(p.pool) + guess * p.stride_pool_slot + head_offset + int64_t(j0) * kHeadDim,
+          uint32_t(Staged::kSliceBytes));
+    }
+  }
+  kdakit::cuda::ptx::griddep_wait();
+  kdakit::cuda::ptx::griddep_launch_dependents();
 
   // --- 1. token 0's raw inputs (warp 0), issued before the dependent slot -> state chain
   const TokenRange range = token_range(p, n);
@@ -818,7 +836,7 @@ __global__ void __launch_bounds__(kThreads, staged_min_ctas_per_sm(kSingleToken)
 }
 
 template <class StateT, int kHeadDim, bool kSingleToken, int kGroups>
-Status launch_staged(const RecurrentKernelParams& p, cudaStream_t stream) {
+Status launch_staged(const RecurrentKernelParams& p, cudaStream_t stream, bool pdl) {
   constexpr int kSlices = kHeadDim / (kGroups * kValuesPerCta);
   const int64_t ctas = p.num_seqs * p.num_v_heads * kSlices;
   if (ctas <= 0) return Status::Ok();
@@ -841,14 +859,12 @@ Status launch_staged(const RecurrentKernelParams& p, cudaStream_t stream) {
                                               ": setting the shared-memory carveout failed: " +
                                               cudaGetErrorString(carveout));
   }
-  kernel<<<dim3(unsigned(ctas)), kThreads, smem_bytes, stream>>>(p);
-  const cudaError_t err = cudaGetLastError();
-  if (err != cudaSuccess) {
-    return Status(StatusCode::kCudaError, std::string(__FILE__) + ":" + std::to_string(__LINE__) +
-                                              ": kda_decode_sm90_staged_kernel launch failed: " +
-                                              cudaGetErrorString(err));
-  }
-  return Status::Ok();
+  // NOTE: without the attribute nothing runs concurrently with the previous kernel, so a prefetch
+  // before the (then no-op) wait would only delay the chain.
+  RecurrentKernelParams q = p;
+  q.prefetch_before_wait = pdl && p.prefetch_before_wait;
+  return launch_pdl_kernel(kernel, "kda_decode_sm90_staged_kernel", dim3(unsigned(ctas)), kThreads, smem_bytes, stream,
+                           pdl, q);
 }
 
 }  // namespace kdakit::sm90::recurrent

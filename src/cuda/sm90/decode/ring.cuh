@@ -299,7 +299,7 @@ Status launch_ring(const FastDecodeParams& p, cudaStream_t stream, bool pdl, int
   if (max_ctas > 0) grid = std::min<int64_t>(grid, max_ctas);
   FastDecodeParams q = p;
   q.num_units = int32_t(units);
-  return launch_fast_kernel(kernel, "kda_decode_sm90_ring_kernel", dim3(unsigned(grid)),
+  return launch_pdl_kernel(kernel, "kda_decode_sm90_ring_kernel", dim3(unsigned(grid)),
                             kWarps * 32, Plan::kBytes, stream, pdl, q);
 }
 

@@ -2,5 +2,5 @@
 #include "cuda/sm90/decode/kernel.cuh"
 
 namespace kdakit::sm90::recurrent {
-template Status launch_staged<float, 128, false, 1>(const RecurrentKernelParams&, cudaStream_t);
+template Status launch_staged<float, 128, false, 1>(const RecurrentKernelParams&, cudaStream_t, bool);
 }  // namespace kdakit::sm90::recurrent

@@ -3,5 +3,5 @@
 #include "cuda/sm90/decode/kernel.cuh"
 
 namespace kdakit::sm90::recurrent {
-template Status launch_staged<float, 128, true, 2>(const RecurrentKernelParams&, cudaStream_t);
+template Status launch_staged<float, 128, true, 2>(const RecurrentKernelParams&, cudaStream_t, bool);
 }  // namespace kdakit::sm90::recurrent
