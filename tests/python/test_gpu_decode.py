@@ -6,7 +6,7 @@ counts, GVA, bf16 and fp32 pools, K-first and V-first; outputs are poisoned (NaN
 Skipped without torch, a CUDA device or a CUDA build.
 
 Every single-column V-first case also runs once per decode kernel variant (KDAKIT_DECODE_VARIANT,
-KDAKIT_DECODE_PDL, KDAKIT_DECODE_RING_CTAS; src/cuda/sm90/decode/dispatch.cu), and the variant the
+KDAKIT_DECODE_PDL, KDAKIT_DECODE_PREFETCH; src/cuda/sm90/decode/dispatch.cu), and the variant the
 dispatcher printed (KDAKIT_PRINT_CONFIGS) must be the forced one.
 
 Bars: output 8e-3 for bf16 activations (bf16 output rounding dominates), fp32 pool 2e-5,
@@ -66,17 +66,17 @@ CASES = [
     ("spec-s3", 8, 4, 4, 4, 4, "float32", "v_first", True, 0),
     ("spec-s3-bf16-padding", 8, 4, 2, 4, 4, "bfloat16", "v_first", True, 2),
     ("spec-s3-kfirst", 6, 4, 4, 4, 4, "float32", "k_first", True, 0),
-    # 6400 32-row slices: the ring kernel by default (dispatch.cu), padding rows mixed in
+    # 6400 32-row slices, padding rows mixed in: many waves of the direct kernel (fp32 pool) or
+    # of the 64-row staged kernel (bf16 pool) by default (dispatch.cu)
     ("many-items-fp32", 200, 1, 8, 8, 1, "float32", "v_first", False, 17),
     ("many-items-bf16", 200, 1, 8, 8, 1, "bfloat16", "v_first", False, 17),
 ]
 
 
-# "name[@ctas][+pdl]": KDAKIT_DECODE_VARIANT=name, KDAKIT_DECODE_RING_CTAS=ctas (the ring grid
-# capped, so that each warp streams many units), KDAKIT_DECODE_PDL=1 with "+pdl".
-VARIANTS = ["registers", "staged", "staged64", "direct32", "direct16", "ring8x3", "ring12x2", "ring4x6", "ring8x3bs",
-            "direct32+pdl", "ring8x3+pdl", "ring4x6@3", "ring12x2@2+pdl", "ring8x3bs@3+pdl", "staged+pdl",
-            "staged64+pdl", "direct32+pdl+nopf"]
+# "name[+pdl][+pf|+nopf]": KDAKIT_DECODE_VARIANT=name, KDAKIT_DECODE_PDL=1 with "+pdl" (else 0),
+# KDAKIT_DECODE_PREFETCH=1 / 0 with "+pf" / "+nopf" (else the dispatcher's default).
+VARIANTS = ["registers", "staged", "staged64", "direct32", "direct16", "direct32+pdl", "direct32+pdl+nopf",
+            "staged+pdl", "staged+pdl+pf", "staged64+pdl", "staged64+pdl+pf"]
 SINGLE_COLUMN = [c for c in CASES if c[5] == 1 and c[7] == "v_first"]
 
 
@@ -84,12 +84,12 @@ def _force_variant(monkeypatch, spec):
     """Sets the variant's environment; returns what the dispatcher prints for it."""
     name, *mods = spec.split("+")
     pdl = "pdl" in mods
-    if "@" in name:
-        name, ctas = name.split("@")
-        monkeypatch.setenv("KDAKIT_DECODE_RING_CTAS", ctas)
     monkeypatch.setenv("KDAKIT_DECODE_VARIANT", name)
     monkeypatch.setenv("KDAKIT_DECODE_PDL", "1" if pdl else "0")
-    monkeypatch.setenv("KDAKIT_DECODE_PREFETCH", "0" if "nopf" in mods else "1")
+    if "nopf" in mods or "pf" in mods:
+        monkeypatch.setenv("KDAKIT_DECODE_PREFETCH", "1" if "pf" in mods else "0")
+    else:
+        monkeypatch.delenv("KDAKIT_DECODE_PREFETCH", raising=False)
     monkeypatch.setenv("KDAKIT_PRINT_CONFIGS", "1")
     return f"variant={name} pdl={1 if pdl and name != 'registers' else 0}"
 
@@ -146,8 +146,8 @@ def test_decode_matches_reference(case):
             assert _rel_l2(got_pool[s], ref_pool[s]) <= STATE_BAR[pool_dtype], f"slot {s}"
 
 
-@pytest.mark.parametrize("variant", ["auto", "direct32+pdl", "direct16", "ring8x3+pdl", "ring4x6@2+pdl", "ring8x3bs+pdl",
-                                     "staged", "staged+pdl", "staged64+pdl"])
+@pytest.mark.parametrize("variant", ["auto", "direct32+pdl", "direct32+pdl+pf", "direct16", "staged", "staged+pdl+pf",
+                                     "staged64+pdl+pf", "staged64+pdl"])
 def test_decode_chained_steps_and_graph_replay(variant, monkeypatch):
     """Three steps on one pool with fresh inputs each step; the third replays a CUDA graph."""
     import torch

@@ -21,11 +21,11 @@ a fraction of the 4.27 TB/s copy ceiling measured on H200 (TARGETS.md), FLA's ti
 speedup; then a geometric mean. Each case first checks kdakit's output against FLA's on the
 same inputs (relative L2), so a ratio never hides a wrong answer.
 
-Kernel variants: ``--variants`` takes a comma list of specs ``name[@ctas][+pdl][+nopf]`` (``name``
-a KDAKIT_DECODE_VARIANT value: registers, staged, staged64, direct32, direct16, ring8x3, ring12x2,
-ring4x6, ring8x3bs; ``+pdl`` sets KDAKIT_DECODE_PDL=1, else a forced name runs without PDL;
-``+nopf`` sets KDAKIT_DECODE_PREFETCH=0; ``@ctas`` caps the ring grid), ``auto`` (the
-dispatcher's choice), ``auto+pdl``, or ``all`` (every spec of ALL_VARIANTS). The dispatcher reads
+Kernel variants: ``--variants`` takes a comma list of specs ``name[+pdl][+pf|+nopf]`` (``name``
+a KDAKIT_DECODE_VARIANT value: registers, staged, staged64, direct32, direct16; ``+pdl`` sets
+KDAKIT_DECODE_PDL=1, else a forced name runs without PDL; ``+pf`` / ``+nopf`` set
+KDAKIT_DECODE_PREFETCH=1 / 0), ``auto`` (the
+dispatcher's choice), or ``all`` (every spec of ALL_VARIANTS). The dispatcher reads
 the variables on every call (src/cuda/sm90/decode/dispatch.cu), so each decode row is checked
 against FLA and timed once per variant in the same process, beside one FLA timing; the kernel
 that actually ran is read back from the dispatcher's KDAKIT_PRINT_CONFIGS line and printed (a
@@ -57,10 +57,8 @@ COPY_CEILING_TBPS = 4.27  # H200 device-to-device copy, read + write (TARGETS.md
 LOWER_BOUND = -5.0
 ROTATION_BYTES = 256 * 1024 * 1024
 MAX_POOL_BYTES = 24 * 1024**3
-ALL_VARIANTS = ["auto", "auto+pdl", "staged", "staged64", "staged+pdl", "staged64+pdl", "staged64+pdl+nopf",
-                "direct32+pdl+nopf", "direct32", "direct16", "ring8x3", "ring12x2", "ring4x6",
-                "ring8x3bs", "direct32+pdl", "direct16+pdl", "ring8x3+pdl", "ring12x2+pdl", "ring4x6+pdl",
-                "ring8x3bs+pdl"]
+ALL_VARIANTS = ["auto", "staged", "staged+pdl", "staged64", "staged64+pdl", "staged64+pdl+pf", "direct32",
+                "direct32+pdl", "direct32+pdl+nopf", "direct32+pdl+pf", "direct16", "direct16+pdl"]
 
 
 @dataclass
@@ -183,33 +181,28 @@ def _copy_ceiling_tbps(torch) -> tuple[float, float]:
     return 2 * n * 4 / (copy_us * 1e6), 2 * n * 4 / (inplace_us * 1e6)
 
 
-_VARIANT_ENV = ("KDAKIT_DECODE_VARIANT", "KDAKIT_DECODE_PDL", "KDAKIT_DECODE_RING_CTAS", "KDAKIT_DECODE_PREFETCH")
+_VARIANT_ENV = ("KDAKIT_DECODE_VARIANT", "KDAKIT_DECODE_PDL", "KDAKIT_DECODE_PREFETCH")
 
 
-def _parse_spec(spec: str) -> tuple[str, str | None, set[str]]:
-    """``name[@ctas][+pdl][+nopf]`` -> (name, ctas, {"pdl", "nopf"} subset)."""
+def _parse_spec(spec: str) -> tuple[str, set[str]]:
+    """``name[+pdl][+pf|+nopf]`` -> (name, {"pdl", "pf", "nopf"} subset)."""
     name, *mods = spec.split("+")
-    ctas = None
-    if "@" in name:
-        name, ctas = name.split("@", 1)
-    return name, ctas, set(mods)
+    return name, set(mods)
 
 
 def _set_variant(spec: str) -> None:
-    """Environment of a variant spec ``name[@ctas][+pdl][+nopf]`` (``auto``: the dispatcher's
-    choice; a forced name without ``+pdl`` launches without PDL; ``+nopf``: PDL without the L2
-    prefetch before griddepcontrol.wait)."""
+    """Environment of a variant spec ``name[+pdl][+pf|+nopf]`` (``auto``: the dispatcher's
+    choice; a forced name without ``+pdl`` launches without PDL; ``+pf`` / ``+nopf``: with PDL,
+    the L2 prefetch before griddepcontrol.wait forced on / off, else the dispatcher's default)."""
     for key in _VARIANT_ENV:
         os.environ.pop(key, None)
-    name, ctas, mods = _parse_spec(spec)
-    if ctas is not None:
-        os.environ["KDAKIT_DECODE_RING_CTAS"] = ctas
+    name, mods = _parse_spec(spec)
     if "pdl" in mods:
         os.environ["KDAKIT_DECODE_PDL"] = "1"
     elif name != "auto":
         os.environ["KDAKIT_DECODE_PDL"] = "0"
-    if "nopf" in mods:
-        os.environ["KDAKIT_DECODE_PREFETCH"] = "0"
+    if "nopf" in mods or "pf" in mods:
+        os.environ["KDAKIT_DECODE_PREFETCH"] = "1" if "pf" in mods else "0"
     if name != "auto":
         os.environ["KDAKIT_DECODE_VARIANT"] = name
 
@@ -248,7 +241,7 @@ def _ran_variant(torch, call) -> str:
 
 def _expected_ran(spec: str) -> str | None:
     """What the dispatcher must report for a forced spec (None for auto)."""
-    name, _, mods = _parse_spec(spec)
+    name, mods = _parse_spec(spec)
     if name == "auto":
         return None
     return name + ("+pdl" if "pdl" in mods and name != "registers" else "")
@@ -392,7 +385,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=15)
     ap.add_argument("--json", default=None, help="write the rows here")
     ap.add_argument("--variants", default="auto",
-                    help="comma list of variant specs name[@ctas][+pdl] timed on decode rows (auto = the dispatcher's "
+                    help="comma list of variant specs name[+pdl][+pf|+nopf] timed on decode rows (auto = the dispatcher's "
                          "choice), or 'all' for " + ",".join(ALL_VARIANTS))
     ap.add_argument("--cases", default="", help="comma list of substrings: only cases whose name contains one")
     ap.add_argument("--chunk-peer", action="store_true", help="also time FLA chunk_kda on one prefill row (autotunes)")

@@ -8,7 +8,7 @@
 //   - state pool: slots the reference did not write are bit-identical to their input (and the
 //     padding between slots is untouched), written slots match to the state dtype's bar.
 // Every decode case runs once per kernel variant that fits it (KDAKIT_DECODE_VARIANT,
-// KDAKIT_DECODE_PDL and KDAKIT_DECODE_RING_CTAS, read by dispatch.cu on every call), and checks
+// KDAKIT_DECODE_PDL and KDAKIT_DECODE_PREFETCH, read by dispatch.cu on every call), and checks
 // with sm90::decode_variant that the forced variant is the one that runs; a variant that does
 // not fit a case is skipped, and DecodeVariants.EveryVariantFitsSomeCase checks that each one
 // runs somewhere. Skips (GTEST_SKIP) without a CUDA device, so the suite passes on CPU-only
@@ -85,16 +85,13 @@ void reupload(const HostTensor& x, void* device) {
 
 // "auto" is the dispatcher's own choice; otherwise a KDAKIT_DECODE_VARIANT name, "+pdl" for a
 // launch with programmatic dependent launch (KDAKIT_DECODE_PDL=1, else 0; with it the direct and
-// staged kernels prefetch their rows before the grid wait, "+nopf" turns that off:
-// KDAKIT_DECODE_PREFETCH=0), "@n" for a ring grid capped
-// at n CTAs (KDAKIT_DECODE_RING_CTAS=n: hundreds of units per warp, so that index batches are
-// refilled and every stage's mbarrier phase wraps many times on a small problem).
+// staged kernels may prefetch their rows before the grid wait: "+pf" forces that on, "+nopf" off,
+// KDAKIT_DECODE_PREFETCH=1 / 0).
 const std::vector<std::string>& test_variants() {
   static const std::vector<std::string> variants = {
-      "auto",         "registers",    "staged",      "staged64",   "direct32",
-      "direct16",     "ring8x3",      "ring12x2",    "ring4x6",    "ring8x3bs",
-      "direct32+pdl", "direct16+pdl", "ring8x3+pdl", "ring8x3@3",  "ring12x2@2",
-      "ring4x6@5+pdl", "ring8x3bs@4+pdl", "staged+pdl", "staged64+pdl", "direct32+pdl+nopf"};
+      "auto",          "registers",       "staged",       "staged64",          "direct32",
+      "direct16",      "direct32+pdl",    "direct16+pdl", "direct32+pdl+nopf", "staged+pdl",
+      "staged+pdl+pf", "staged64+pdl+pf"};
   return variants;
 }
 
@@ -105,12 +102,8 @@ class ScopedVariant {
     clear();
     if (spec == "auto") return;
     std::string rest = spec;
-    if (const size_t at = rest.find('@'); at != std::string::npos) {
-      const size_t end = rest.find('+', at);
-      setenv("KDAKIT_DECODE_RING_CTAS", rest.substr(at + 1, end - at - 1).c_str(), 1);
-      rest.erase(at, end == std::string::npos ? std::string::npos : end - at);
-    }
     if (strip_suffix(rest, "+nopf")) setenv("KDAKIT_DECODE_PREFETCH", "0", 1);
+    if (strip_suffix(rest, "+pf")) setenv("KDAKIT_DECODE_PREFETCH", "1", 1);
     pdl_ = strip_suffix(rest, "+pdl");
     name_ = rest;
     setenv("KDAKIT_DECODE_VARIANT", name_.c_str(), 1);
@@ -135,7 +128,6 @@ class ScopedVariant {
   static void clear() {
     unsetenv("KDAKIT_DECODE_VARIANT");
     unsetenv("KDAKIT_DECODE_PDL");
-    unsetenv("KDAKIT_DECODE_RING_CTAS");
     unsetenv("KDAKIT_DECODE_PREFETCH");
   }
   std::string name_;
@@ -444,7 +436,7 @@ std::vector<DecodeCase> decode_cases() {
     c.accepted = true;
     add(c);
   }
-  // --- fast kernels (direct.cuh, ring.cuh): GVA with a ratio that is not a power of two
+  // --- fast kernel (direct.cuh): GVA with a ratio that is not a power of two
   // (fast_qk_head), K = 64, bf16 pools with padding, packed single-token batches (the serving
   // layout of vLLM), fp16 activations with raw beta and the precomputed gate
   {

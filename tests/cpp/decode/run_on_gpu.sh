@@ -42,11 +42,10 @@ if [ "$run_tests" = 1 ]; then
   echo "pytest decode rc=$? ${SECONDS}s $(tail -1 "$out/pytest_decode.log")" | tee -a "$summary"
   grep -E '^FAILED' "$out/pytest_decode.log" | head -10 | tee -a "$summary"
   # NOTE: test names are <case>__<variant> with '@' and '+' written '_' (decode_test.cpp).
-  memcheck_filter='*/padding_rows__direct16:*/padding_rows__ring8x3_3:*/padding_rows__ring8x3bs_4_pdl'
-  memcheck_filter+=':*/packed_int64_cu__ring4x6_5_pdl:*/packed_int64_cu__direct32:*/gva_h2_hv10_bf16_padding__ring8x3'
-  memcheck_filter+=':*/head_dim_64_bf16_gva_padding__direct16:*/staged_packed_token_loop_bf16__ring12x2_2'
-  memcheck_filter+=':Variants/DecodeKernelGraph.*/ring8x3_pdl:Variants/DecodeKernelGraph.*/direct32_pdl'
-  memcheck_filter+=':Variants/DecodeKernelGraph.*/staged64_pdl:*/padding_rows__staged_pdl'
+  memcheck_filter='*/padding_rows__direct16:*/padding_rows__direct32_pdl:*/padding_rows__staged_pdl_pf'
+  memcheck_filter+=':*/packed_int64_cu__direct32:*/gva_h2_hv10_bf16_padding__staged64_pdl_pf'
+  memcheck_filter+=':*/head_dim_64_bf16_gva_padding__direct16:*/staged_packed_token_loop_bf16__staged_pdl'
+  memcheck_filter+=':Variants/DecodeKernelGraph.*/direct32_pdl:Variants/DecodeKernelGraph.*/staged64_pdl_pf'
   SECONDS=0
   timeout 180 compute-sanitizer --tool memcheck --leak-check no "$bin" --gtest_filter="$memcheck_filter" \
     >"$out/memcheck_decode.log" 2>&1
@@ -54,7 +53,7 @@ if [ "$run_tests" = 1 ]; then
     tee -a "$summary"
   SECONDS=0
   timeout 120 compute-sanitizer --tool racecheck "$bin" \
-    --gtest_filter='*/padding_rows__ring8x3_3:*/padding_rows__ring8x3bs_4_pdl:*/padding_rows__direct32' \
+    --gtest_filter='*/padding_rows__staged_pdl_pf:*/padding_rows__staged64:*/padding_rows__direct32' \
     >"$out/racecheck_decode.log" 2>&1
   echo "racecheck decode rc=$? ${SECONDS}s $(grep -E 'RACECHECK SUMMARY' "$out/racecheck_decode.log" | tail -1)" |
     tee -a "$summary"

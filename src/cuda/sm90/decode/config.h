@@ -182,11 +182,9 @@ struct RecurrentKernelParams {
 
 
 // ------------------------------------------------------------------------------------------
-// Fast single-column decode kernels: direct.cuh (state in registers, latency) and ring.cuh
-// (persistent, per-warp rings of bulk copies, bandwidth). V-first, decode mode, one index
-// column, dense T = 1 or packed (cu_seqlens, any lengths; a sequence of several tokens runs a
-// token loop). Both kernels keep every per-token vector in the registers of the warp that
-// uses it: lane l owns key channels [l K/32, (l+1) K/32) of q, k, the decay and of each state
+// Fast single-column decode kernel: direct.cuh (state in registers). V-first, decode mode, one
+// index column, dense T = 1 or packed (cu_seqlens, any lengths; a sequence of several tokens runs
+// a token loop). It keeps every per-token vector in the registers of the warp that uses it: lane l owns key channels [l K/32, (l+1) K/32) of q, k, the decay and of each state
 // row, so the preprocessing needs no shared memory and no CTA barrier.
 // ------------------------------------------------------------------------------------------
 
@@ -201,14 +199,7 @@ constexpr int kDirectMinCtasPerSm = 4;
 // The direct grid is (HV x slices, N): gridDim.y caps the sequences.
 constexpr int kDirectMaxSeqs = 65535;
 
-// ring: one unit = one (sequence, value head, kRingStageBytes of consecutive value rows):
-// 16 rows of an fp32 pool, 32 rows of a bf16 pool, always 8 KB, one cp.async.bulk.
-// NOTE: 8 KB stages: 24 of them (192 KB) fit an SM whatever the warps x stages split, and a
-// unit is 2 (fp32) or 4 (bf16) groups of 8 rows, the row group the reduce-scatter is written for.
-constexpr int kRingStageBytes = 8192;
-constexpr int kRingHeadDim = 128;
-
-// Kernel-side parameters of the fast kernels, passed by value as __grid_constant__.
+// Kernel-side parameters of the fast kernel, passed by value as __grid_constant__.
 // NOTE: 192 bytes instead of RecurrentKernelParams' ~440, and the first 64 bytes hold every
 // pointer a CTA dereferences before its state load, so the start of the dependent chain
 // (slot index -> state) touches one or two constant-cache lines. Token strides are per token:
@@ -235,7 +226,6 @@ struct FastDecodeParams {
   int32_t num_pool_slots = 0;  // min(slots, INT32_MAX): slot indices are int32
   int32_t stride_state_indices_n = 0;
   int32_t num_v_heads = 0;
-  int32_t num_units = 0;  // ring: (sequence, head, stage-sized row block) work units
   uint32_t flags = 0;     // FastFlags
   // --- strides (elements)
   int32_t stride_q_tok = 0, stride_q_h = 0;
@@ -280,20 +270,5 @@ struct FastFlags {
 static_assert(int(DType::kFloat32) < 4 && int(DType::kBFloat16) < 4 && int(DType::kFloat16) < 4,
               "float dtypes must fit the 2-bit fields of FastFlags");
 static_assert(int(GateMode::kLowerBound) < 4, "gate modes must fit the 2-bit field of FastFlags");
-
-// Shared memory of a ring CTA: kWarps x kStages stages of kRingStageBytes, then one mbarrier
-// and one 16-byte unit record (slot, first token, tokens, head x blocks + block) per stage.
-template <int kWarps, int kStages>
-struct RingSharedMemoryPlan {
-  static constexpr int kNumStages = kWarps * kStages;
-  static constexpr int kStagesBytes = kNumStages * kRingStageBytes;
-  static constexpr int kBarrierOffset = kStagesBytes;
-  static constexpr int kMetaOffset = kBarrierOffset + kNumStages * 8;
-  static constexpr int kBytes = kMetaOffset + kNumStages * 16;
-  static_assert(kStages >= 2, "the raw inputs of unit k + 1 are read from its record while unit k runs");
-  static_assert(kBytes <= 227 * 1024, "a ring CTA must fit the 227 KB of shared memory of one SM");
-  static_assert(kRingStageBytes % 16 == 0 && kBarrierOffset % 16 == 0, "bulk copies need 16-byte alignment");
-  static_assert(kMetaOffset % 16 == 0, "the 16-byte unit records need 16-byte alignment (an even stage count)");
-};
 
 }  // namespace kdakit::sm90::recurrent

@@ -112,7 +112,7 @@ void copy_common(const Params& p, RecurrentKernelParams& k) {
 }
 
 // ------------------------------------------------------------------------------------------
-// Fast kernels (direct.cuh, ring.cuh): what they accept, and their parameter block
+// Fast kernel (direct.cuh): what it accepts, and its parameter block
 // ------------------------------------------------------------------------------------------
 
 bool fits_int32(int64_t x) { return x >= INT32_MIN && x <= INT32_MAX; }
@@ -205,13 +205,15 @@ int num_sms() {
 // ------------------------------------------------------------------------------------------
 
 // Which kernel serves a call (the one place that decides; KDAKIT_DECODE_VARIANT overrides it
-// where the forced variant fits, KDAKIT_DECODE_PDL=1 launches the fast kernels with PDL):
+// where the forced variant fits, KDAKIT_DECODE_PDL=0/1 and KDAKIT_DECODE_PREFETCH=0/1 override
+// the launch options):
 //   - single-column V-first decode that fits the fast kernels (make_fast_params) and is dense
-//     T = 1 or packed with T <= N: the direct kernel (32-row CTAs) for small grids, the ring
-//     kernel (8 warps x 3 stages) beyond kDirectMaxSlicesPerSm 32-row slices per SM at K = 128;
-//     K = 64 beyond that takes the staged kernel;
+//     T = 1 or packed with T <= N: the direct kernel (32-row CTAs) for small grids (up to
+//     kDirectMaxSlicesPerSm 32-row slices per SM: PDL and the L2 prefetch before the wait), and
+//     with an fp32 pool up to kDirectFp32MaxSlicesPerSm (PDL);
 //   - otherwise the staged kernel (V-first one-column decode, 16-byte aligned pool, dense
-//     T = 1 or packed T <= N; 64-row slices beyond kWideMinCtas 32-row CTAs at dense K = 128);
+//     T = 1 or packed T <= N; 64-row slices beyond kWideMinCtas 32-row CTAs at dense K = 128),
+//     with PDL;
 //   - otherwise the register kernel (several tokens per sequence, speculative decoding,
 //     K-first, short prefill, pools not 16-byte aligned).
 enum class Variant {
@@ -221,10 +223,6 @@ enum class Variant {
   kStagedMulti,
   kDirect32,
   kDirect16,
-  kRing8x3,
-  kRing12x2,
-  kRing4x6,
-  kRing8x3BulkStore,
 };
 
 // KDAKIT_DECODE_VARIANT names (decode_variant_names()); "staged" is single or multi by shape.
@@ -236,10 +234,6 @@ const char* variant_env_name(Variant v) {
     case Variant::kStagedMulti: return "staged";
     case Variant::kDirect32: return "direct32";
     case Variant::kDirect16: return "direct16";
-    case Variant::kRing8x3: return "ring8x3";
-    case Variant::kRing12x2: return "ring12x2";
-    case Variant::kRing4x6: return "ring4x6";
-    case Variant::kRing8x3BulkStore: return "ring8x3bs";
   }
   return "?";
 }
@@ -252,10 +246,6 @@ const char* variant_name(Variant v) {
     case Variant::kStagedMulti: return "staged_kernel (token loop)";
     case Variant::kDirect32: return "direct_kernel (32 rows per CTA)";
     case Variant::kDirect16: return "direct_kernel (16 rows per CTA)";
-    case Variant::kRing8x3: return "ring_kernel (8 warps x 3 stages)";
-    case Variant::kRing12x2: return "ring_kernel (12 warps x 2 stages)";
-    case Variant::kRing4x6: return "ring_kernel (4 warps x 6 stages)";
-    case Variant::kRing8x3BulkStore: return "ring_kernel (8 warps x 3 stages, bulk stores)";
   }
   return "?";
 }
@@ -266,25 +256,39 @@ const char* variant_name(Variant v) {
 // 3-13 %. The switch point between 1024 and 3072 was not measured more finely.
 constexpr int64_t kWideMinCtas = 1024;
 
-// NOTE: direct vs ring, not measured yet (docs/design/20261130-decode-fast.md predicts): the
-// direct kernel has the shortest chain per CTA and wins while the whole grid is about one
-// wave of loads (B = 1: 128 / 384 slices at H = 32 / 96); the ring keeps 192 KB per SM in
-// flight and wins once each SM has several units to stream.
+// NOTE: the direct kernel has the shortest chain per CTA and wins while the whole grid is about
+// one wave of loads (B = 1: 128 / 384 slices at H = 32 / 96). The ring kernels of
+// docs/design/20261130-decode-fast.md (persistent, 192 KB of bulk copies per SM in flight) lost
+// to the staged 64-row kernel on every row with B >= 32 (H32 B512 fp32 875 vs 577 us) and were
+// removed.
 constexpr int64_t kDirectMaxSlicesPerSm = 4;
 
+// NOTE: with an fp32 pool the direct kernel (with PDL, no prefetch) also beats the staged kernels on
+// mid-sized grids, H200 2026-12-01 (us, direct32+pdl against the best staged spec): H32 B8 11.82 vs
+// 12.63, H32 B32 39.45 vs 41.65, H96 B8 29.49 vs 30.29, H96 B32 108.3 vs 115.6 (12288 slices), H32
+// B128 155.3 vs 154.1 (16384 slices), H96 B128 469.5 vs 433.3. With a bf16 pool it loses at B >= 8
+// (8 rows of bf16 are half the bytes per warp in flight).
+constexpr int64_t kDirectFp32MaxSlicesPerSm = 96;
+
 // NOTE: PDL (each call may start during the previous kernel's tail, fast_launch.cuh; results
-// are identical either way) is on by default for the direct kernel: measured 4.49 against 5.04 us
-// at H32 B1 fp32, 5.62 against 5.87 at H96 B1 bf16.
+// are identical either way) is on by default for the direct and staged kernels: measured 4.49
+// against 5.04 us at H32 B1 fp32, 5.62 against 5.87 at H96 B1 bf16 (direct); staged64 0-6% faster
+// with it (without the prefetch), e.g. H32 B8 bf16 8.33 against 8.87 us.
 constexpr bool kDefaultPdl = true;
 
-// NOTE: with PDL, the direct and staged kernels read their slot index at GPU scope and prefetch
-// their state rows into L2 before griddepcontrol.wait (direct.cuh, kernel.cuh), so the state's
-// DRAM latency overlaps the previous kernel. KDAKIT_DECODE_PREFETCH=0 turns that off (A/B timing).
-constexpr bool kDefaultPrefetch = true;
+// NOTE: with PDL, the direct and staged kernels can read their slot index at GPU scope and
+// prefetch their state rows into L2 before griddepcontrol.wait (direct.cuh, kernel.cuh), so the
+// state's DRAM latency overlaps the previous kernel. Measured on the H200 (2026-12-01,
+// docs/design/20261130-decode-fast.md): a gain only while the grid is one wave of the direct
+// kernel (H32 B1 fp32 3.50 against 3.71 us without it, bf16 3.50 against 4.01), a loss beyond
+// (H32 B8 fp32 12.64 against 11.82; B128 210.8 against 155.3: every CTA of a later wave pays the
+// index round trip twice). So it is on by default only there; KDAKIT_DECODE_PREFETCH=0 / 1 forces it.
+bool default_prefetch(Variant v, bool small_grid) {
+  return small_grid && (v == Variant::kDirect32 || v == Variant::kDirect16);
+}
 
 bool is_fast(Variant v) {
-  return v == Variant::kDirect32 || v == Variant::kDirect16 || v == Variant::kRing8x3 || v == Variant::kRing12x2 ||
-         v == Variant::kRing4x6 || v == Variant::kRing8x3BulkStore;
+  return v == Variant::kDirect32 || v == Variant::kDirect16;
 }
 bool is_staged(Variant v) {
   return v == Variant::kStagedSingle || v == Variant::kStagedSingleWide || v == Variant::kStagedMulti;
@@ -322,15 +326,12 @@ bool env_flag(const char* name, bool fallback) {
 Choice choose_variant(const RecurrentKernelParams& k, bool fast, DType dtype_state, StateLayout layout, int head_dim) {
   const int64_t slices32 = k.num_seqs * k.num_v_heads * (head_dim / recurrent::kValuesPerCta);
   const bool direct_ok = fast && k.num_seqs <= recurrent::kDirectMaxSeqs;
-  const bool ring_ok = fast && head_dim == recurrent::kRingHeadDim;
   Choice c;
   bool chosen = false;
   if (fast && few_tokens(k)) {
     const bool small = slices32 <= kDirectMaxSlicesPerSm * std::max(num_sms(), 1);
-    // NOTE: measured on the H200 (2026-12-01, docs/benchmarks.md): the ring kernels lost to the
-    // staged 64-row kernel on every row with B >= 32 (e.g. H32 B512 fp32 875 vs 577 us), so only
-    // the direct kernel joins the default choice; the rings stay selectable.
-    if (direct_ok && small) {
+    const bool mid_fp32 = dtype_state == DType::kFloat32 && slices32 <= kDirectFp32MaxSlicesPerSm * std::max(num_sms(), 1);
+    if (direct_ok && (small || mid_fp32)) {
       c.variant = Variant::kDirect32;
       chosen = true;
     }
@@ -356,45 +357,25 @@ Choice choose_variant(const RecurrentKernelParams& k, bool fast, DType dtype_sta
       c.variant = Variant::kStagedSingleWide;
     } else if ((name == "direct32" || name == "direct16") && direct_ok) {
       c.variant = name == "direct32" ? Variant::kDirect32 : Variant::kDirect16;
-    } else if (name == "ring8x3" && ring_ok) {
-      c.variant = Variant::kRing8x3;
-    } else if (name == "ring12x2" && ring_ok) {
-      c.variant = Variant::kRing12x2;
-    } else if (name == "ring4x6" && ring_ok) {
-      c.variant = Variant::kRing4x6;
-    } else if (name == "ring8x3bs" && ring_ok) {
-      c.variant = Variant::kRing8x3BulkStore;
     }
   }
   c.pdl = pdl_capable(c.variant) &&
           env_flag("KDAKIT_DECODE_PDL", kDefaultPdl && (c.variant == Variant::kDirect32 || c.variant == Variant::kDirect16 ||
                                                          is_staged(c.variant)));
-  c.prefetch = c.pdl && env_flag("KDAKIT_DECODE_PREFETCH", kDefaultPrefetch);
+  const bool small_grid = slices32 <= kDirectMaxSlicesPerSm * std::max(num_sms(), 1);
+  c.prefetch = c.pdl && env_flag("KDAKIT_DECODE_PREFETCH", default_prefetch(c.variant, small_grid));
   return c;
-}
-
-// KDAKIT_DECODE_RING_CTAS=n caps the ring kernel's persistent grid at n CTAs (tests: many
-// units per warp, index-batch refills and stage phase wrap-around on small problems).
-int ring_max_ctas() {
-  const char* v = std::getenv("KDAKIT_DECODE_RING_CTAS");
-  return v != nullptr ? std::max(0, std::atoi(v)) : 0;
 }
 
 Status launch_fast(const recurrent::FastDecodeParams& f, Variant variant, bool pdl, DType dtype_state, int head_dim,
                    cudaStream_t stream) {
   using recurrent::launch_direct;
-  using recurrent::launch_ring;
   auto by_dtype = [&]<class StateT>() -> Status {
     switch (variant) {
       case Variant::kDirect32:
         return head_dim == 128 ? launch_direct<StateT, 128, 8>(f, stream, pdl) : launch_direct<StateT, 64, 8>(f, stream, pdl);
       case Variant::kDirect16:
         return head_dim == 128 ? launch_direct<StateT, 128, 4>(f, stream, pdl) : launch_direct<StateT, 64, 4>(f, stream, pdl);
-      case Variant::kRing8x3: return launch_ring<StateT, 8, 3, false>(f, stream, pdl, num_sms(), ring_max_ctas());
-      case Variant::kRing12x2: return launch_ring<StateT, 12, 2, false>(f, stream, pdl, num_sms(), ring_max_ctas());
-      case Variant::kRing4x6: return launch_ring<StateT, 4, 6, false>(f, stream, pdl, num_sms(), ring_max_ctas());
-      case Variant::kRing8x3BulkStore:
-        return launch_ring<StateT, 8, 3, true>(f, stream, pdl, num_sms(), ring_max_ctas());
       default: return Status(StatusCode::kInternal, "decode: launch_fast called for a non-fast variant");
     }
   };
@@ -494,7 +475,7 @@ std::string decode_variant(const DecodeParams& p) {
 }
 
 std::vector<std::string> decode_variant_names() {
-  return {"registers", "staged", "staged64", "direct32", "direct16", "ring8x3", "ring12x2", "ring4x6", "ring8x3bs"};
+  return {"registers", "staged", "staged64", "direct32", "direct16"};
 }
 
 Status run_recurrent_prefill(const PrefillParams& p, cudaStream_t stream) {

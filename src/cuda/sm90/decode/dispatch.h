@@ -18,9 +18,8 @@ Status run_decode(const DecodeParams& p, cudaStream_t stream);
 Status run_recurrent_prefill(const PrefillParams& p, cudaStream_t stream);
 
 // Which decode kernel run_decode(p) would launch, by its KDAKIT_DECODE_VARIANT name
-// ("registers", "staged", "staged64", "direct32", "direct16", "ring8x3", "ring12x2",
-// "ring4x6", "ring8x3bs"), with "+pdl" when a fast kernel (direct, ring) would be launched with PDL.
-// Honours KDAKIT_DECODE_VARIANT and KDAKIT_DECODE_PDL as run_decode does; for tests and
+// ("registers", "staged", "staged64", "direct32", "direct16"), with "+pdl" when it would be
+// launched with PDL. Honours KDAKIT_DECODE_VARIANT and KDAKIT_DECODE_PDL as run_decode does; for tests and
 // benchmarks (host only, reads no device memory).
 std::string decode_variant(const DecodeParams& p);
 

@@ -1,5 +1,5 @@
-// Host launch of the decode kernels that support programmatic dependent launch (PDL: direct.cuh,
-// ring.cuh, the staged kernel of kernel.cuh), with the attribute optional.
+// Host launch of the decode kernels that support programmatic dependent launch (PDL: direct.cuh
+// and the staged kernel of kernel.cuh), with the attribute optional.
 //
 // NOTE: with PDL the kernel may start while the previous kernel of the stream is finishing;
 // these kernels call griddepcontrol.wait before their first global-memory access that could

@@ -25,11 +25,4 @@ Status launch_staged(const RecurrentKernelParams& p, cudaStream_t stream, bool p
 template <class StateT, int kHeadDim, int kRowsPerWarp>
 Status launch_direct(const FastDecodeParams& p, cudaStream_t stream, bool pdl);
 
-// ring.cuh: persistent grid of kWarps-warp CTAs, kStages bulk-copy stages per warp; K = V = 128.
-// num_sms: multiprocessors of the current device (the grid is num_sms x resident CTAs per SM);
-// max_ctas > 0 caps the grid (tests: many units per warp on small problems). kBulkStore: the
-// state goes back through shared memory and one bulk store per unit.
-template <class StateT, int kWarps, int kStages, bool kBulkStore>
-Status launch_ring(const FastDecodeParams& p, cudaStream_t stream, bool pdl, int num_sms, int max_ctas);
-
 }  // namespace kdakit::sm90::recurrent

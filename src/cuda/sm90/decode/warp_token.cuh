@@ -1,4 +1,4 @@
-// Per-warp pieces of the fast decode kernels (direct.cuh, ring.cuh): a token's inputs loaded
+// Per-warp pieces of the fast decode kernel (direct.cuh): a token's inputs loaded
 // and preprocessed in the registers of one warp, and one token step over a group of value
 // rows of the state held in that warp's registers.
 //
