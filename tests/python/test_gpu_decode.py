@@ -74,11 +74,9 @@ CASES = [
 
 
 # "name[+pdl][+pf|+nopf]": KDAKIT_DECODE_VARIANT=name, KDAKIT_DECODE_PDL=1 with "+pdl" (else 0),
-# KDAKIT_DECODE_PREFETCH=1 / 0 with "+pf" / "+nopf" (else the dispatcher's default),
-# KDAKIT_DECODE_PREFETCH_AHEAD=1 with "+ahead" (else 0).
+# KDAKIT_DECODE_PREFETCH=1 / 0 with "+pf" / "+nopf" (else the dispatcher's default).
 VARIANTS = ["registers", "staged", "staged64", "direct32", "direct16", "direct32+pdl", "direct32+pdl+nopf",
-            "staged+pdl", "staged+pdl+pf", "staged64+pdl", "staged64+pdl+pf", "direct32+pdl+ahead",
-            "staged64+pdl+ahead"]
+            "staged+pdl", "staged+pdl+pf", "staged64+pdl", "staged64+pdl+pf"]
 SINGLE_COLUMN = [c for c in CASES if c[5] == 1 and c[7] == "v_first"]
 
 
@@ -92,7 +90,6 @@ def _force_variant(monkeypatch, spec):
         monkeypatch.setenv("KDAKIT_DECODE_PREFETCH", "1" if "pf" in mods else "0")
     else:
         monkeypatch.delenv("KDAKIT_DECODE_PREFETCH", raising=False)
-    monkeypatch.setenv("KDAKIT_DECODE_PREFETCH_AHEAD", "1" if "ahead" in mods else "0")
     monkeypatch.setenv("KDAKIT_PRINT_CONFIGS", "1")
     return f"variant={name} pdl={1 if pdl and name != 'registers' else 0}"
 

@@ -24,7 +24,7 @@ same inputs (relative L2), so a ratio never hides a wrong answer.
 Kernel variants: ``--variants`` takes a comma list of specs ``name[+pdl][+pf|+nopf]`` (``name``
 a KDAKIT_DECODE_VARIANT value: registers, staged, staged64, direct32, direct16; ``+pdl`` sets
 KDAKIT_DECODE_PDL=1, else a forced name runs without PDL; ``+pf`` / ``+nopf`` set
-KDAKIT_DECODE_PREFETCH=1 / 0; ``+ahead`` sets KDAKIT_DECODE_PREFETCH_AHEAD=1), ``auto`` (the
+KDAKIT_DECODE_PREFETCH=1 / 0), ``auto`` (the
 dispatcher's choice), or ``all`` (every spec of ALL_VARIANTS). The dispatcher reads
 the variables on every call (src/cuda/sm90/decode/dispatch.cu), so each decode row is checked
 against FLA and timed once per variant in the same process, beside one FLA timing; the kernel
@@ -58,8 +58,7 @@ LOWER_BOUND = -5.0
 ROTATION_BYTES = 256 * 1024 * 1024
 MAX_POOL_BYTES = 24 * 1024**3
 ALL_VARIANTS = ["auto", "staged", "staged+pdl", "staged64", "staged64+pdl", "staged64+pdl+pf", "direct32",
-                "direct32+pdl", "direct32+pdl+nopf", "direct32+pdl+pf", "direct16", "direct16+pdl", "direct32+pdl+ahead",
-                "staged64+pdl+ahead", "staged+pdl+ahead"]
+                "direct32+pdl", "direct32+pdl+nopf", "direct32+pdl+pf", "direct16", "direct16+pdl"]
 
 
 @dataclass
@@ -182,11 +181,11 @@ def _copy_ceiling_tbps(torch) -> tuple[float, float]:
     return 2 * n * 4 / (copy_us * 1e6), 2 * n * 4 / (inplace_us * 1e6)
 
 
-_VARIANT_ENV = ("KDAKIT_DECODE_VARIANT", "KDAKIT_DECODE_PDL", "KDAKIT_DECODE_PREFETCH", "KDAKIT_DECODE_PREFETCH_AHEAD")
+_VARIANT_ENV = ("KDAKIT_DECODE_VARIANT", "KDAKIT_DECODE_PDL", "KDAKIT_DECODE_PREFETCH")
 
 
 def _parse_spec(spec: str) -> tuple[str, set[str]]:
-    """``name[+pdl][+pf|+nopf][+ahead]`` -> (name, {"pdl", "pf", "nopf", "ahead"} subset)."""
+    """``name[+pdl][+pf|+nopf]`` -> (name, {"pdl", "pf", "nopf"} subset)."""
     name, *mods = spec.split("+")
     return name, set(mods)
 
@@ -204,8 +203,6 @@ def _set_variant(spec: str) -> None:
         os.environ["KDAKIT_DECODE_PDL"] = "0"
     if "nopf" in mods or "pf" in mods:
         os.environ["KDAKIT_DECODE_PREFETCH"] = "1" if "pf" in mods else "0"
-    if "ahead" in mods:
-        os.environ["KDAKIT_DECODE_PREFETCH_AHEAD"] = "1"
     if name != "auto":
         os.environ["KDAKIT_DECODE_VARIANT"] = name
 

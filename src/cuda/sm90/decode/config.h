@@ -143,11 +143,6 @@ struct RecurrentKernelParams {
   bool null_slot_is_padding = false;
   // Staged kernel launched with PDL: the L2 prefetch of FastFlags::kPrefetchBeforeWait.
   bool prefetch_before_wait = false;
-  // Staged kernel: > 0 asks L2 for the slice of the CTA this many places later in the grid (the
-  // one that starts about when this one ends), so that the DRAM stream runs ahead of the CTAs.
-  // The dispatcher writes -(SM count) for one wave; the launcher turns that into SMs x resident
-  // CTAs per SM.
-  int32_t prefetch_ahead = 0;
   // kPrefill: initial state (null = zeros), dense or indexed; final state likewise.
   const void* initial_state = nullptr;
   const int32_t* initial_state_indices = nullptr;
@@ -239,7 +234,6 @@ struct FastDecodeParams {
   int32_t stride_g_tok = 0, stride_g_h = 0;
   int32_t stride_beta_tok = 0, stride_beta_h = 0;
   int32_t stride_o_tok = 0, stride_o_h = 0;
-  int32_t prefetch_ahead = 0;  // as RecurrentKernelParams::prefetch_ahead (direct kernel)
   // --- scalars
   float scale = 0.f;
   float lower_bound = 0.f;

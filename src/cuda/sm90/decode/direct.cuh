@@ -100,20 +100,6 @@ __global__ void __launch_bounds__(kDirectThreads, kDirectMinCtasPerSm)
 #pragma unroll
   for (int r = 0; r < kRowsPerWarp; ++r)
     kdakit::cuda::load_vec_stream<kE>(rows + r * kHeadDim, s[r]);
-  // Ask L2 for the rows of the CTA one wave later in the grid (FastDecodeParams::prefetch_ahead).
-  if (p.prefetch_ahead > 0 && warp == kDirectWarps - 1 && lane == 0) {
-    const int64_t next = int64_t(blockIdx.y) * gridDim.x + blockIdx.x + p.prefetch_ahead;
-    if (next < int64_t(gridDim.x) * gridDim.y) {
-      const int n_next = int(next / gridDim.x), x_next = int(next % gridDim.x);
-      const int32_t slot_next = p.state_indices[int64_t(n_next) * p.stride_state_indices_n];
-      if (fast_slot_valid(slot_next, p)) {
-        kdakit::cuda::ptx::bulk_prefetch_l2(static_cast<const StateT*>(p.pool) + int64_t(slot_next) * p.stride_pool_slot +
-                                                int64_t(x_next / kSlices) * kHeadDim * kHeadDim +
-                                                (x_next % kSlices) * kRowsPerCta * kHeadDim,
-                                            uint32_t(kRowsPerCta * kHeadDim * sizeof(StateT)));
-      }
-    }
-  }
 
     // --- 4. tokens
 #pragma unroll 1
@@ -148,16 +134,6 @@ Status launch_direct(const FastDecodeParams& p, cudaStream_t stream, bool pdl) {
   // before the (then no-op) wait would only delay the chain.
   FastDecodeParams q = p;
   if (!pdl) q.flags &= ~FastFlags::kPrefetchBeforeWait;
-  if (p.prefetch_ahead < 0) {  // the dispatcher asks for one wave: -(SM count)
-    static const int per_sm = [] {
-      int n = 0;
-      return cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kda_decode_sm90_direct_kernel<StateT, kHeadDim, kRowsPerWarp>,
-                                                           kDirectThreads, 0) == cudaSuccess
-                 ? n
-                 : 0;
-    }();
-    q.prefetch_ahead = per_sm * -p.prefetch_ahead;
-  }
   return launch_pdl_kernel(kda_decode_sm90_direct_kernel<StateT, kHeadDim, kRowsPerWarp>,
                            "kda_decode_sm90_direct_kernel",
                            dim3(unsigned(p.num_v_heads * kSlices), unsigned(p.num_seqs)), kDirectThreads,

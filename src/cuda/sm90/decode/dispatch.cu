@@ -283,11 +283,6 @@ constexpr bool kDefaultPdl = true;
 // kernel (H32 B1 fp32 3.50 against 3.71 us without it, bf16 3.50 against 4.01), a loss beyond
 // (H32 B8 fp32 12.64 against 11.82; B128 210.8 against 155.3: every CTA of a later wave pays the
 // index round trip twice). So it is on by default only there; KDAKIT_DECODE_PREFETCH=0 / 1 forces it.
-// NOTE: KDAKIT_DECODE_PREFETCH_AHEAD=1: every CTA asks L2 for the state of the CTA one wave later
-// (direct.cuh, kernel.cuh: prefetch_ahead), so that DRAM streams ahead of the CTAs' own copies.
-// Not measured yet: off by default.
-constexpr bool kDefaultPrefetchAhead = false;
-
 bool default_prefetch(Variant v, bool small_grid) {
   return small_grid && (v == Variant::kDirect32 || v == Variant::kDirect16);
 }
@@ -319,7 +314,6 @@ struct Choice {
   Variant variant = Variant::kRegisters;
   bool pdl = false;
   bool prefetch = false;  // with pdl: the L2 prefetch before griddepcontrol.wait (direct, staged)
-  bool ahead = false;     // each CTA asks L2 for the state of the CTA one wave later (direct, staged)
 };
 
 bool env_flag(const char* name, bool fallback) {
@@ -370,7 +364,6 @@ Choice choose_variant(const RecurrentKernelParams& k, bool fast, DType dtype_sta
                                                          is_staged(c.variant)));
   const bool small_grid = slices32 <= kDirectMaxSlicesPerSm * std::max(num_sms(), 1);
   c.prefetch = c.pdl && env_flag("KDAKIT_DECODE_PREFETCH", default_prefetch(c.variant, small_grid));
-  c.ahead = pdl_capable(c.variant) && env_flag("KDAKIT_DECODE_PREFETCH_AHEAD", kDefaultPrefetchAhead);
   return c;
 }
 
@@ -409,12 +402,10 @@ Status launch(const RecurrentKernelParams& k, const recurrent::FastDecodeParams*
   if (is_fast(variant)) {
     recurrent::FastDecodeParams f = *fast;
     if (choice.prefetch) f.flags |= recurrent::FastFlags::kPrefetchBeforeWait;
-    f.prefetch_ahead = choice.ahead ? -std::max(num_sms(), 1) : 0;
     return launch_fast(f, variant, pdl, dtype_state, head_dim, stream);
   }
   RecurrentKernelParams ks = k;
   ks.prefetch_before_wait = choice.prefetch;
-  ks.prefetch_ahead = choice.ahead ? -std::max(num_sms(), 1) : 0;
   auto staged = [&]<class StateT, bool kSingle>() -> Status {
     if (head_dim == 128) return recurrent::launch_staged<StateT, 128, kSingle, 1>(ks, stream, pdl);
     return recurrent::launch_staged<StateT, 64, kSingle, 1>(ks, stream, pdl);

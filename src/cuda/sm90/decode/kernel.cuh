@@ -749,22 +749,6 @@ __global__ void __launch_bounds__(kThreads, staged_min_ctas_per_sm(kSingleToken)
     }
     cp_async_commit();
   }
-  // --- 3'. ask L2 for the slice of the CTA one wave later (warp 3 idles until the barrier below).
-  // NOTE: single-token only: with the token loop the kernel is at its register cap (80) and the
-  // extra address arithmetic spills.
-  if (kSingleToken && p.prefetch_ahead > 0 && warp == kNumWarps - 1 && lane == 0) {
-    const int64_t next = int64_t(cta) + p.prefetch_ahead;
-    if (next < int64_t(gridDim.x)) {
-      const int64_t n_next = next / (kSlices * p.num_v_heads);
-      const int64_t slot = p.state_indices[n_next * p.stride_state_indices_n];
-      if (slot_valid(slot, p.num_pool_slots, p.null_slot_is_padding)) {
-        kdakit::cuda::ptx::bulk_prefetch_l2(
-            static_cast<const StateT*>(p.pool) + slot * p.stride_pool_slot +
-                int64_t((next / kSlices) % p.num_v_heads) * kBlockElems + int64_t(next % kSlices) * kRowsPerCta * kHeadDim,
-            uint32_t(Staged::kSliceBytes));
-      }
-    }
-  }
 
   // --- 4./5. tokens
   // NOTE: kSingleToken (the launcher guarantees len <= 1: dense batches with T = 1) drops the
@@ -879,13 +863,6 @@ Status launch_staged(const RecurrentKernelParams& p, cudaStream_t stream, bool p
   // before the (then no-op) wait would only delay the chain.
   RecurrentKernelParams q = p;
   q.prefetch_before_wait = pdl && p.prefetch_before_wait;
-  if (p.prefetch_ahead < 0) {
-    static const int per_sm = [&] {
-      int n = 0;
-      return cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, kThreads, smem_bytes) == cudaSuccess ? n : 0;
-    }();
-    q.prefetch_ahead = per_sm * -p.prefetch_ahead;
-  }
   return launch_pdl_kernel(kernel, "kda_decode_sm90_staged_kernel", dim3(unsigned(ctas)), kThreads, smem_bytes, stream,
                            pdl, q);
 }
