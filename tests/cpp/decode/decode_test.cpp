@@ -438,20 +438,12 @@ std::vector<DecodeCase> decode_cases() {
   }
   // --- grids of several waves (2400 32-row slices: 4.5 waves of the direct kernel, 1.5 of the
   // 64-row staged one), with padding rows
-  {
-    DecodeCase c = base_case("many_waves_padding");
+  for (const DType pool : {DType::kFloat32, DType::kBFloat16}) {
+    DecodeCase c = base_case(pool == DType::kFloat32 ? "many_waves_padding" : "many_waves_bf16_padding");
     c.batch = 200;
-    c.H = 3;
-    c.HV = 3;
+    c.H = c.HV = 3;
     c.padding_rows = 37;
-    add(c);
-  }
-  {
-    DecodeCase c = base_case("many_waves_bf16");
-    c.batch = 200;
-    c.H = 3;
-    c.HV = 3;
-    c.dtype_state = DType::kBFloat16;
+    c.dtype_state = pool;
     add(c);
   }
   // --- fast kernel (direct.cuh): GVA with a ratio that is not a power of two
