@@ -7,7 +7,9 @@ beta sigmoid in kernel, V-first pool updated in place, as in TARGETS.md):
 * decode: one token per sequence, H = HV = 32 and 96, B = 1, 8, 32, 128, 512, fp32 and bf16 pool;
 * spec: speculative decoding with S = 3 (state_indices [B, 4], 4 tokens, random accepted counts);
 * prefill: short prefill (T tokens per sequence, pool slot in / out), against FLA's token-serial
-  kernel and FLA ``chunk_kda`` with initial and final state.
+  kernel, FLA ``chunk_kda`` with initial and final state (``--chunk-peer``) and kdakit's own
+  chunked prefill (``kdakit.prefill`` with KDAKIT_PREFILL_PATH=chunked, the two-kernel path, on
+  the same slots in place; its output is checked against the token-serial one).
 
 Timing. Each measured call gets its own slots: the pool holds R disjoint slot sets, R large
 enough that the R calls of one round touch >= 256 MB of state (5x the 50 MB L2), so no call
@@ -85,6 +87,8 @@ class Row:
     fla_chunk_us: float | None
     rel_l2_vs_fla: float | None
     rotation: int
+    kdakit_chunked_us: float | None = None  # prefill rows: kdakit.prefill on the chunked path
+    rel_l2_chunked: float | None = None  # ... its output against the token-serial path's
     ran: str = ""  # the kernel the dispatcher reported (KDAKIT_PRINT_CONFIGS)
     repro: str = ""
     note: str = ""
@@ -320,6 +324,33 @@ def run_case(torch, kdakit, fla_rec, fla_chunk, case: Case, repeats: int, gen, v
         except Exception as err:  # noqa: BLE001 - a peer that cannot be captured is reported
             print(f"  FLA chunk_kda not timed: {type(err).__name__}: {err}", file=sys.stderr)
 
+    chunked_us = chunked_o = None
+    if case.kind == "prefill":
+        # kdakit's own chunked prefill (KDAKIT_PREFILL_PATH=chunked, set in main) on the same
+        # inputs and slot sets, dense V-first states updated in place: what the token-serial path
+        # is chosen over.
+        o_chunk = torch.empty_like(o)
+
+        def prefill_call(r):
+            state = pool[r * B:(r + 1) * B]
+            args = (x["q"], x["k"], x["v"], x["g"], x["beta"])
+            kwargs = dict(gate="lower_bound", lower_bound=LOWER_BOUND, use_qk_l2norm=True, use_beta_sigmoid=True,
+                          initial_state=state, final_state=state, state_layout="v_first", **common)
+            ws = torch.empty(max(int(kdakit.prefill_workspace_size(*args, **kwargs)), 1), dtype=torch.uint8,
+                             device="cuda")
+            return lambda: kdakit.prefill(*args, **kwargs, workspace=ws, out=o_chunk)
+
+        try:
+            calls = [prefill_call(r) for r in range(rotation)]
+            calls[0]()
+            torch.cuda.synchronize()
+            chunked_o = o_chunk.clone()
+            pool[used] = saved
+            chunked_us = _time_graph(torch, calls, repeats)
+            pool[used] = saved
+        except Exception as err:  # noqa: BLE001 - reported, the row is still timed
+            print(f"  kdakit chunked prefill not timed: {type(err).__name__}: {err}", file=sys.stderr)
+
     # Bytes: the start state read, every written state (1 per sequence, or per token with S).
     writes = B * (min(T, cols) if cols > 1 else 1)
     moved = (B + writes) * HV * K * V * elem
@@ -345,8 +376,15 @@ def run_case(torch, kdakit, fla_rec, fla_chunk, case: Case, repeats: int, gen, v
             torch.cuda.synchronize()
             continue
         tbps = moved / (k_us * 1e-6) / 1e12
+        rel_chunked = None
+        if chunked_o is not None:
+            pool[used] = saved
+            kdakit_call(indices[0])()
+            torch.cuda.synchronize()
+            rel_chunked = float((chunked_o.float() - o.float()).norm() / o.float().norm().clamp_min(1e-30))
+            pool[used] = saved
         rows.append(Row(case.name, variant, k_us, tbps, tbps / COPY_CEILING_TBPS, f_us,
-                        (f_us / k_us) if f_us else None, chunk_us, rel, rotation, ran=ran,
+                        (f_us / k_us) if f_us else None, chunk_us, rel, rotation, chunked_us, rel_chunked, ran=ran,
                         repro=f"python -m kdakit.bench.decode --kinds {case.kind} --variants '{variant}' "
                               f"--cases '{case.name}'"))
     _set_variant("auto")
@@ -394,6 +432,11 @@ def main(argv: list[str] | None = None) -> int:
     variants = ALL_VARIANTS if args.variants == "all" else [v for v in args.variants.split(",") if v]
     wanted = [c for c in args.cases.split(",") if c]
 
+    # NOTE: the prefill rows time kdakit.prefill on the chunked path beside the token-serial one;
+    # the dispatcher reads KDAKIT_PREFILL_PATH once, before the first prefill call, and decode
+    # calls do not read it.
+    os.environ.setdefault("KDAKIT_PREFILL_PATH", "chunked")
+
     import torch
 
     import kdakit
@@ -423,8 +466,8 @@ def main(argv: list[str] | None = None) -> int:
                 json.dump([asdict(r) for r in rows], f, indent=1)
 
     print("\n| case | variant | floor us | kdakit us | state TB/s | % of 4.27 | FLA us | FLA/kdakit | FLA chunk us "
-          "| rel vs FLA |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+          "| rel vs FLA | kdakit chunked us |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     floors = {c.name: floor_us(c) for c in cases(args.quick)}
     for r in rows:
         fla = f"{r.fla_us:.2f}" if r.fla_us else "-"
@@ -432,8 +475,10 @@ def main(argv: list[str] | None = None) -> int:
         ch = f"{r.fla_chunk_us:.2f}" if r.fla_chunk_us else "-"
         rel = f"{r.rel_l2_vs_fla:.1e}" if r.rel_l2_vs_fla is not None else "-"
         fl = f"{floors[r.name]:.2f}" if not r.name.startswith("prefill") else "-"
+        kc = (f"{r.kdakit_chunked_us:.2f} (o {r.rel_l2_chunked:.1e} apart)" if r.kdakit_chunked_us and
+              r.rel_l2_chunked is not None else "-")
         print(f"| {r.name} | {r.variant} | {fl} | {r.kdakit_us:.2f} | {r.state_tbps:.2f} | "
-              f"{100 * r.ceiling_fraction:.1f} | {fla} | {sp} | {ch} | {rel} |")
+              f"{100 * r.ceiling_fraction:.1f} | {fla} | {sp} | {ch} | {rel} | {kc} |")
     for variant in variants:
         speedups = [r.speedup for r in rows if r.speedup and (r.variant == variant or
                                                             (r.variant == "auto" and not r.name.startswith("decode")))]
