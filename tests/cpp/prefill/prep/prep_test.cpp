@@ -3,8 +3,7 @@
 // of every chunk block as a relative L2 error over all blocks, with the zero padding of partial
 // chunks checked bit for bit and the blocks past the chunk total left untouched.
 //
-// Each case draws fresh random inputs (seed printed on failure; KDAKIT_TEST_SEED replays) and runs
-// on every prep kernel variant (config.h), or on the one KDAKIT_PREP_VARIANT names.
+// Each case draws fresh random inputs (seed printed on failure; KDAKIT_TEST_SEED replays).
 // Without a CUDA device the tests skip.
 #include <cuda_runtime.h>
 
@@ -324,7 +323,7 @@ void check_tensors_once(const PrefillCase& c, PrefillTensors& t, bool check_twic
     ASSERT_EQ(ws[b], kPoison) << "byte " << b - written_end << " past the chunk total was written";
   }
   for (const ArrayError* a : {&err.qt, &err.w, &err.kh, &err.m, &err.u0, &err.decay}) {
-    std::printf("    [%s v%d] %s\n", c.name.c_str(), pf::prep::prep_variant(), a->str().c_str());
+    std::printf("    [%s] %s\n", c.name.c_str(), a->str().c_str());
     EXPECT_EQ(a->nonfinite, 0) << a->name << ": non-finite outputs";
     EXPECT_EQ(a->padding_bad, 0) << a->name << ": padding entries that are not +0";
     EXPECT_LE(a->rel(), a->bar) << a->str();
@@ -339,19 +338,8 @@ void check_tensors_once(const PrefillCase& c, PrefillTensors& t, bool check_twic
   }
 }
 
-// Every prep variant (config.h), or only the one KDAKIT_PREP_VARIANT names when it is set.
 void check_tensors(const PrefillCase& c, PrefillTensors& t, bool check_twice = false) {
-  if (std::getenv("KDAKIT_PREP_VARIANT") != nullptr) {
-    check_tensors_once(c, t, check_twice);
-    return;
-  }
-  for (int v = 0; v < pf::prep::kPrepVariants; ++v) {
-    SCOPED_TRACE("prep variant " + std::to_string(v));
-    pf::prep::set_prep_variant(v);
-    check_tensors_once(c, t, check_twice);
-    pf::prep::set_prep_variant(-1);
-    if (::testing::Test::HasFatalFailure()) return;
-  }
+  check_tensors_once(c, t, check_twice);
 }
 
 void check_case(const PrefillCase& c, Rng& rng, bool check_twice = false) {

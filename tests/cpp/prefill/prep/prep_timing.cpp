@@ -1,8 +1,7 @@
 // Times the prep kernel alone and the whole chunked prefill (sm90::run_prefill: plan + prep +
-// recurrence) on random bf16 inputs, for every prep variant (config.h; set_prep_variant), on the
-// same inputs. Not a test: a tool for device runs.
-// Usage: prefill_prep_timing [repeats [variants]]   (variants: comma-separated list; default all)
-// Output: one line per case, "PREP_TIMING variant=V case=NAME prep_ms=X prefill_ms=Y pairs=P".
+// recurrence) on random bf16 inputs. Not a test: a tool for device runs.
+// Usage: prefill_prep_timing [repeats]
+// Output: one line per case, "PREP_TIMING case=NAME prep_ms=X prefill_ms=Y pairs=P".
 // The case "H1 fixed 8448" has 132 (chunk, head) pairs, one per SM of an H200: its prep time is
 // about the latency of one CTA (plus the launch), the figure a fused prep + recurrence needs.
 #include <cuda_runtime.h>
@@ -67,12 +66,6 @@ void* upload(const void* src, size_t bytes) {
 
 int main(int argc, char** argv) {
   const int repeats = argc > 1 ? std::atoi(argv[1]) : 20;
-  std::vector<bool> wanted(size_t(pf::prep::kPrepVariants), argc <= 2);
-  if (argc > 2) {
-    for (const char* c = argv[2]; *c != '\0'; ++c) {
-      if (*c >= '0' && *c < char('0' + pf::prep::kPrepVariants)) wanted[size_t(*c - '0')] = true;
-    }
-  }
   constexpr int D = pf::kHeadDim;
   auto rep = [](int len, int count) { return std::vector<int>(size_t(count), len); };
   const std::vector<Case> cases = {
@@ -183,17 +176,12 @@ int main(int argc, char** argv) {
       return ms[ms.size() / 2];
     };
     if (!pf::launch_prefill_plan(p, w, ws, stream).ok()) return 1;
-    for (int variant = 0; variant < pf::prep::kPrepVariants; ++variant) {
-      if (!wanted[size_t(variant)]) continue;
-      pf::prep::set_prep_variant(variant);
-      const double prep = median_ms([&] { return pf::launch_prefill_prep(p, w, ws, stream); });
-      const double full = median_ms([&] { return kdakit::sm90::run_prefill(p, stream); });
-      CHECK_CUDA(cudaStreamSynchronize(stream));
-      std::printf("PREP_TIMING variant=%d case=%s prep_ms=%.4f prefill_ms=%.4f pairs=%lld\n", variant,
-                  c.name.c_str(), prep, full, (long long)(w.max_chunks * c.HV));
-      std::fflush(stdout);
-    }
-    pf::prep::set_prep_variant(-1);
+    const double prep = median_ms([&] { return pf::launch_prefill_prep(p, w, ws, stream); });
+    const double full = median_ms([&] { return kdakit::sm90::run_prefill(p, stream); });
+    CHECK_CUDA(cudaStreamSynchronize(stream));
+    std::printf("PREP_TIMING case=%s prep_ms=%.4f prefill_ms=%.4f pairs=%lld\n", c.name.c_str(), prep, full,
+                (long long)(w.max_chunks * c.HV));
+    std::fflush(stdout);
     for (void* ptr : {q, k, v, g, b, dalog, ddt, dcu, o, state, ws}) CHECK_CUDA(cudaFree(ptr));
   }
   return 0;

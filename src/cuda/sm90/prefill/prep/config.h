@@ -71,56 +71,33 @@ struct SharedMemoryPlan {
   static constexpr size_t kBytes = kWideCountOffset + kSubBlocks * 4;
   // Overlays. The norm partial sums [2][8 warps][64] fp32 live in kB before kB is written.
   static constexpr size_t kNormOffset = kKbOffset;
-  // Phase 3 (after the L/M products): L, T fp32 [64][kLdF], then the W staging tile, all in
-  // the qA/kA/kB space; the U0 staging tile (fp32 [64][128], chunks swizzled) over V and Kt.
+  // Phase 3 (after the L/M products): L, T fp32 [64][kLdF], then the T diag(beta) hi/lo tiles,
+  // all in the qA/kA/kB space.
   static constexpr int kLdF = kChunk + 4;  // fp32 row pitch (floats): rows 16 B apart mod 128
   static constexpr size_t kF32Tile = size_t(kChunk) * kLdF * 4;
   static constexpr size_t kLOffset = kQaOffset;
   static constexpr size_t kTOffset = kLOffset + kF32Tile;             // also M before T
-  static constexpr size_t kWStageOffset = kTOffset + kF32Tile;        // bf16 [64][128], swizzled
-  static constexpr size_t kPOffset = kWStageOffset;                   // T products, fp32 [3][16][16]
-  static constexpr size_t kU0StageOffset = kVOffset;                  // fp32 [64][128], swizzled
-  // Balanced W/U0 product (kBalancedWU): T diag(beta) as bf16 hi and lo tiles [64][64] (128-byte
-  // rows, 16-byte chunks XOR-swizzled by row & 7), over the W staging tile it replaces.
-  static constexpr size_t kTbHiOffset = kWStageOffset;
+  // T diag(beta) as bf16 hi and lo tiles [64][64] (128-byte rows, 16-byte chunks XOR-swizzled by
+  // row & 7), after L and T.
+  static constexpr size_t kTbHiOffset = kTOffset + kF32Tile;
   static constexpr size_t kTbLoOffset = kTbHiOffset + size_t(kChunk) * kChunk * 2;
 };
 static_assert(SharedMemoryPlan::kNormOffset + 2 * kWarps * kChunk * 4 <= SharedMemoryPlan::kRowScaleOffset,
               "norm partials must fit in the kB space");
-static_assert(SharedMemoryPlan::kWStageOffset + SharedMemoryPlan::kBf16Tile <= SharedMemoryPlan::kRowScaleOffset,
-              "phase-3 tiles must fit in the qA/kA/kB space");
-static_assert(SharedMemoryPlan::kPOffset + 3 * kSubBlock * kSubBlock * 4 <= SharedMemoryPlan::kRowScaleOffset,
-              "T products must fit in the kB space");
 static_assert(SharedMemoryPlan::kTbLoOffset + kChunk * kChunk * 2 <= SharedMemoryPlan::kRowScaleOffset,
               "the T diag(beta) hi/lo tiles must fit in the kB space");
-static_assert(SharedMemoryPlan::kU0StageOffset + kChunk * kHeadDim * 4 <= SharedMemoryPlan::kQaOffset,
-              "the U0 staging tile must fit over V and Kt");
 // NOTE: two CTAs per SM (2 x (kBytes + 1 KiB reserved) <= 228 KiB): one CTA's loads and stores
 // stay in flight while the other computes; the kernel is bound by memory traffic.
 static_assert(2 * (SharedMemoryPlan::kBytes + 1024) <= 228 * 1024, "two prep CTAs must fit in one SM");
 
-// Kernel variants (template flags of kda_prefill_prep_sm90_kernel), numbered by bits:
-//   bit 0, kTcInverse: T = (I + diag(beta) L)^-1 on tensor cores. Warp R inverts the diagonal
-//     16 x 16 block in registers as (I + X)(I + X^2)(I + X^4)(I + X^8), X = -diag(beta) L_RR
-//     strictly lower (X^16 = 0), then computes its row of off-diagonal blocks right to left,
-//     T_RS = (sum_{S < J <= R} T_RJ X_JS) T_SS; every 16 x 16 product is three bf16 mma
-//     passes (hi hi + hi lo + lo hi, ~2^-16 relative), two CTA barriers in all instead of seven.
-//     Otherwise: forward substitution per column and off-diagonal blocks by distance on fp32
-//     CUDA cores (version 1).
-//   bit 1, kBalancedWU: W and U0 with the same work per warp (warp w: one of the two products,
-//     32 output columns, all 64 rows), A operand T diag(beta) staged once as bf16 hi/lo tiles
-//     and read by ldmatrix, results stored from the accumulators straight to the block.
-//     Otherwise: warp w computes sub-block w % 4 (work 1:2:3:4 across warps), splits its A
-//     operand from fp32 itself, and stages W and U0 in shared memory (version 1).
-// The launcher takes kDefaultPrepVariant unless the environment variable KDAKIT_PREP_VARIANT
-// (read once per process; for benchmarks and tests) names another number in [0, kPrepVariants).
-// NOTE: variant 3 (both bits) is the default: H200, H=96, T=8192, prep alone 1.030 ms against
-// 1.194 (v0), 1.099 (v1), 1.158 (v2), whole prefill 1.559 against 1.721 ms, same test errors
-// (docs/design/20261129-prefill.md). The others stay built as the measured baselines.
-inline constexpr int kPrepVariants = 4;
-inline constexpr int kDefaultPrepVariant = 3;
-constexpr bool variant_tc_inverse(int v) { return (v & 1) != 0; }
-constexpr bool variant_balanced_wu(int v) { return (v & 2) != 0; }
+// NOTE: one kernel. Its inverse runs on tensor cores (warp R inverts the diagonal 16 x 16 block
+// in registers as (I + X)(I + X^2)(I + X^4)(I + X^8), X = -diag(beta) L_RR strictly lower, then
+// its row of off-diagonal blocks right to left, T_RS = (sum_{S < J <= R} T_RJ X_JS) T_SS, three
+// bf16 passes per 16 x 16 product), and W / U0 take the same work per warp (one product, 32
+// columns, all rows) from T diag(beta) as bf16 hi/lo tiles. Three other variants (the fp32
+// CUDA-core inverse, the sub-block-per-warp W / U0 product) were measured slower on every shape
+// (H200, H=96, T=8192, prep alone 1.030 ms against 1.099-1.194, docs/design/20261129-prefill.md)
+// and removed (last present at commit 8e99fae).
 
 // Kernel-side parameters, passed by value as __grid_constant__.
 struct PrepParams {

@@ -29,23 +29,18 @@
 //      XOR-swizzled by row).
 //   2. L, M on tensor cores: warp w computes rows of sub-block w % 4 of L (w < 4) or M.
 //   3. L, M to shared fp32 (masked), per-element terms of wide-span channels, M to the block.
-//   4. T (variant bit kTcInverse, config.h): either on tensor cores (warps 0-3 invert their
-//      diagonal 16 x 16 block in registers by repeated squaring; warps 1-3 then compute their
-//      row of off-diagonal blocks right to left; three-pass bf16 products), or in fp32 on CUDA
-//      cores (16 x 16 diagonal blocks by substitution, off-diagonal blocks by distance).
-//   5. W, U0 on tensor cores with the A operand T diag(beta) as bf16 hi + lo (two passes).
-//      Variant bit kBalancedWU: hi/lo staged once in shared memory; warp w computes product
-//      w / 4, columns 32 (w % 4) .. + 31, all rows (equal work), and stores its accumulators
-//      straight to the block. Otherwise warp w computes rows of sub-block w % 4 (work 1:2:3:4),
-//      columns 64 (w / 4) .. + 63, splitting its A operand itself, and
-//   6. stages W, U0 in shared memory, written with 16-byte stores.
+//   4. T on tensor cores (config.h): warps 0-3 invert their diagonal 16 x 16 block in registers
+//      by repeated squaring, then warps 1-3 compute their row of off-diagonal blocks right to
+//      left (three-pass bf16 products); every block of T diag(beta) goes to bf16 hi/lo tiles.
+//   5. W, U0 on tensor cores with the A operand T diag(beta) as bf16 hi + lo (two passes): warp
+//      w computes product w / 4, columns 32 (w % 4) .. + 31, all rows (equal work), and stores
+//      its accumulators straight to the block.
 // Nothing is pipelined inside a CTA: two CTAs share an SM (config.h), so one computes while the
 // other's loads and stores are in flight. NOTE: measured on the H200 (H=96, T=8192), version 1
-// (variant 0) takes 1.19 ms and the default (variant 3) 1.03 ms, 1.86 TB/s, against a 0.45 ms
-// floor for the bytes. The grid time is waves of 2 CTAs per SM times the ~22 us latency of one
-// CTA's dependent instruction chain (the elementwise phase 1 is about half of it), not the
-// loads: an L2 prefetch of the next CTA's inputs measured 4% slower
-// (docs/design/20261129-prefill.md).
+// took 1.19 ms and this kernel 1.03 ms, 1.86 TB/s, against a 0.45 ms floor for the bytes. The
+// grid time is waves of 2 CTAs per SM times the ~22 us latency of one CTA's dependent
+// instruction chain (the elementwise phase 1 is about half of it), not the loads: an L2 prefetch
+// of the next CTA's inputs measured 4% slower (docs/design/20261129-prefill.md).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -84,10 +79,6 @@ using common::tc_offdiag_row;
 // elementwise phase's pattern), so both access 8 distinct bank groups.
 __device__ __forceinline__ uint32_t swz(int row, int chunk) {
   return uint32_t(row) * 256u + (uint32_t(chunk ^ ((row ^ (row >> 2)) & 7)) << 4);
-}
-// The same for an fp32 [64][128] staging array (32 chunks per row).
-__device__ __forceinline__ uint32_t swz_f32(int row, int chunk) {
-  return uint32_t(row) * 512u + (uint32_t(chunk ^ (row & 7)) << 4);
 }
 
 __device__ __forceinline__ void unpack8(const uint4& raw, float (&out)[8]) {
@@ -128,7 +119,7 @@ __device__ __forceinline__ uint4 pack8(const float (&x)[8]) {
 // ------------------------------------------------------------------------------------------
 // Prep kernel
 // ------------------------------------------------------------------------------------------
-template <GateMode kGate, typename GT, bool kTcInverse, bool kBalancedWU>
+template <GateMode kGate, typename GT>
 __global__ void __launch_bounds__(kThreads, 2) kda_prefill_prep_sm90_kernel(const __grid_constant__ PrepParams p) {
   using Plan = SharedMemoryPlan;
   using Layout = ChunkBlockLayout;
@@ -525,257 +516,87 @@ __global__ void __launch_bounds__(kThreads, 2) kda_prefill_prep_sm90_kernel(cons
   __syncthreads();
 
   // ---- Phase 4: T = (I + diag(beta) L)^-1 --------------------------------------------------
-  if constexpr (kTcInverse) {
-    // Warp R < 4: diagonal block T_RR, in registers (C layout), also to shared fp32.
-    // With kBalancedWU every block of T diag(beta) goes straight to the hi/lo tiles of phase 5'
-    // (no fp32 copy of the off-diagonal blocks, no staging pass).
-    unsigned char* tb_hi = smem + Plan::kTbHiOffset;
-    unsigned char* tb_lo = smem + Plan::kTbLoOffset;
-    float trr[2][4];
-    if (warp < kSubBlocks) {
-      tc_diag_inverse(Lf, beta_s, warp, g, t, trr);
-      store_tile(Tf, warp, warp, g, t, trr);
-      if constexpr (kBalancedWU) store_tile_hilo(tb_hi, tb_lo, beta_s, warp, warp, g, t, trr);
-    }
-    __syncthreads();
-    // Warp R in 1..3: the off-diagonal blocks of row block R, right to left.
-    switch (warp) {
-      case 1: tc_offdiag_row<1, kBalancedWU>(Lf, Tf, beta_s, g, t, trr, tb_hi, tb_lo); break;
-      case 2: tc_offdiag_row<2, kBalancedWU>(Lf, Tf, beta_s, g, t, trr, tb_hi, tb_lo); break;
-      case 3: tc_offdiag_row<3, kBalancedWU>(Lf, Tf, beta_s, g, t, trr, tb_hi, tb_lo); break;
-      default: break;
-    }
-    __syncthreads();
-  } else {
-    if (tid < kChunk) {
-      // Diagonal block Rb, column jc: forward substitution, x_r = -beta_r sum_{s<r} L[r,s] x_s.
-      const int Rb = tid >> 4, jc = tid & 15, base = kSubBlock * Rb;
-      float x[kSubBlock];
-  #pragma unroll
-      for (int r = 0; r < kSubBlock; ++r) {
-        float sum = 0.f;
-  #pragma unroll
-        for (int s = 0; s < r; ++s) {
-          if (s >= jc) sum += Lf[(base + r) * Plan::kLdF + base + s] * x[s];
-        }
-        x[r] = r < jc ? 0.f : (r == jc ? 1.f : -beta_s[base + r] * sum);
-      }
-  #pragma unroll
-      for (int r = 0; r < kSubBlock; ++r) Tf[(base + r) * Plan::kLdF + base + jc] = x[r];
-    } else {
-      // Zero the six blocks above the diagonal (float4 stores).
-      for (int idx = tid - kChunk; idx < 6 * kSubBlock * 4; idx += kThreads - kChunk) {
-        const int blkid = idx >> 6, e = idx & 63;
-        const int Rb = blkid < 3 ? 0 : (blkid < 5 ? 1 : 2);
-        const int Sb = blkid < 3 ? blkid + 1 : (blkid < 5 ? blkid - 1 : 3);
-        *reinterpret_cast<float4*>(Tf + (kSubBlock * Rb + (e >> 2)) * Plan::kLdF + kSubBlock * Sb + 4 * (e & 3)) =
-            make_float4(0.f, 0.f, 0.f, 0.f);
-      }
-    }
-    __syncthreads();
-    {
-      // Off-diagonal blocks by distance d = R - S. One thread owns a 1 x 4 strip of a 16 x 16
-      // block (row r, columns 4q .. 4q + 3): each shared load feeds four FMAs.
-      float* P = reinterpret_cast<float*>(smem + Plan::kPOffset);  // [3][16][16]
-  #pragma unroll
-      for (int d = 1; d < kSubBlocks; ++d) {
-        const int blocks = kSubBlocks - d;
-        const int b = tid >> 6, r = (tid >> 2) & 15, q = tid & 3;
-        const int Rb = d + b, Sb = b;
-        const int gr = kSubBlock * Rb + r;
-        // P_b = diag(beta_R) sum_{J=S}^{R-1} L_RJ T_JS for the blocks (R, S = R - d).
-        if (b < blocks) {
-          float4 acc4 = make_float4(0.f, 0.f, 0.f, 0.f);
-          for (int J = Sb; J < Rb; ++J) {
-  #pragma unroll
-            for (int u = 0; u < kSubBlock; ++u) {
-              const float l = Lf[gr * Plan::kLdF + kSubBlock * J + u];
-              const float4 tv = *reinterpret_cast<const float4*>(Tf + (kSubBlock * J + u) * Plan::kLdF + kSubBlock * Sb + 4 * q);
-              acc4.x += l * tv.x;
-              acc4.y += l * tv.y;
-              acc4.z += l * tv.z;
-              acc4.w += l * tv.w;
-            }
-          }
-          const float bt = beta_s[gr];
-          *reinterpret_cast<float4*>(P + (b << 8) + (r << 4) + 4 * q) =
-              make_float4(bt * acc4.x, bt * acc4.y, bt * acc4.z, bt * acc4.w);
-        }
-        __syncthreads();
-        // T_RS = -T_RR P_b.
-        if (b < blocks) {
-          float4 acc4 = make_float4(0.f, 0.f, 0.f, 0.f);
-  #pragma unroll
-          for (int u = 0; u < kSubBlock; ++u) {
-            const float tv = Tf[gr * Plan::kLdF + kSubBlock * Rb + u];
-            const float4 pv = *reinterpret_cast<const float4*>(P + (b << 8) + (u << 4) + 4 * q);
-            acc4.x += tv * pv.x;
-            acc4.y += tv * pv.y;
-            acc4.z += tv * pv.z;
-            acc4.w += tv * pv.w;
-          }
-          *reinterpret_cast<float4*>(Tf + gr * Plan::kLdF + kSubBlock * Sb + 4 * q) =
-              make_float4(-acc4.x, -acc4.y, -acc4.z, -acc4.w);
-        }
-        __syncthreads();
-      }
-    }
+  // Warp R < 4: diagonal block T_RR, in registers (C layout), also to shared fp32.
+  // Every block of T diag(beta) goes straight to the bf16 hi/lo tiles of phase 5 (no fp32 copy
+  // of the off-diagonal blocks, no staging pass).
+  unsigned char* tb_hi = smem + Plan::kTbHiOffset;
+  unsigned char* tb_lo = smem + Plan::kTbLoOffset;
+  float trr[2][4];
+  if (warp < kSubBlocks) {
+    tc_diag_inverse(Lf, beta_s, warp, g, t, trr);
+    store_tile(Tf, warp, warp, g, t, trr);
+    store_tile_hilo(tb_hi, tb_lo, beta_s, warp, warp, g, t, trr);
   }
+  __syncthreads();
+  // Warp R in 1..3: the off-diagonal blocks of row block R, right to left.
+  switch (warp) {
+    case 1: tc_offdiag_row<1, true>(Lf, Tf, beta_s, g, t, trr, tb_hi, tb_lo); break;
+    case 2: tc_offdiag_row<2, true>(Lf, Tf, beta_s, g, t, trr, tb_hi, tb_lo); break;
+    case 3: tc_offdiag_row<3, true>(Lf, Tf, beta_s, g, t, trr, tb_hi, tb_lo); break;
+    default: break;
+  }
+  __syncthreads();
 
-  if constexpr (kBalancedWU) {
-    // ---- Phase 5': T diag(beta) -> bf16 hi/lo tiles; W, U0 balanced over the 8 warps -------
-    unsigned char* tb_hi = smem + Plan::kTbHiOffset;
-    unsigned char* tb_lo = smem + Plan::kTbLoOffset;
-    if constexpr (!kTcInverse) {  // (the tensor-core inverse wrote the tiles itself)
+  // ---- Phase 5: W = T diag(beta) Kt, U0 = T diag(beta) V from the hi/lo tiles, balanced ----
+  // Warp w: product w / 4 (0: W from Kt, 1: U0 from V), output columns 32 (w % 4) .. + 31, all
+  // 64 rows as two halves of two sub-blocks (32 accumulators); T is lower triangular, so
+  // sub-block R needs k-steps 0..R. Every warp issues 80 mma.
+  const int cb = 32 * (warp & 3);
+  const bool is_u0 = warp >= 4;
+  const unsigned char* b_tile = smem + (is_u0 ? Plan::kVOffset : Plan::kKtOffset);
 #pragma unroll
-      for (int u = 0; u < kChunk * 8 / kThreads; ++u) {  // 64 rows x 8 chunks of 8 columns
-        const int c = tid + u * kThreads;
-        const int r = c >> 3, ch = c & 7;
-        uint4 hi = make_uint4(0u, 0u, 0u, 0u), lo = hi;
-        if ((ch >> 1) <= (r >> 4)) {  // blocks right of the diagonal stay zero (never read)
-          const float4 t0 = *reinterpret_cast<const float4*>(Tf + r * Plan::kLdF + 8 * ch);
-          const float4 t1 = *reinterpret_cast<const float4*>(Tf + r * Plan::kLdF + 8 * ch + 4);
-          const float4 b0 = *reinterpret_cast<const float4*>(beta_s + 8 * ch);
-          const float4 b1 = *reinterpret_cast<const float4*>(beta_s + 8 * ch + 4);
-          kdakit::cuda::split_bf16x2(t0.x * b0.x, t0.y * b0.y, hi.x, lo.x);
-          kdakit::cuda::split_bf16x2(t0.z * b0.z, t0.w * b0.w, hi.y, lo.y);
-          kdakit::cuda::split_bf16x2(t1.x * b1.x, t1.y * b1.y, hi.z, lo.z);
-          kdakit::cuda::split_bf16x2(t1.z * b1.z, t1.w * b1.w, hi.w, lo.w);
-        }
-        *reinterpret_cast<uint4*>(tb_hi + swz64(r, ch)) = hi;
-        *reinterpret_cast<uint4*>(tb_lo + swz64(r, ch)) = lo;
+  for (int half = 0; half < 2; ++half) {
+    float acc5[2][4][4];
+#pragma unroll
+    for (int i = 0; i < 2; ++i)
+#pragma unroll
+      for (int n = 0; n < 4; ++n) acc5[i][n][0] = acc5[i][n][1] = acc5[i][n][2] = acc5[i][n][3] = 0.f;
+#pragma unroll
+    for (int ks = 0; ks < 2 * half + 2; ++ks) {
+      uint32_t bf[2][4];
+      const int brow = kSubBlock * ks + (lane & 7) + (((lane >> 3) & 1) << 3);
+#pragma unroll
+      for (int np = 0; np < 2; ++np) {
+        kdakit::cuda::ldmatrix_x4_trans(bf[np], kdakit::cuda::smem_u32(b_tile + swz(brow, (cb + 16 * np) / 8 + (lane >> 4))));
       }
-      __syncthreads();
-    }
-    // Warp w: product w / 4 (0: W from Kt, 1: U0 from V), output columns 32 (w % 4) .. + 31, all
-    // 64 rows as two halves of two sub-blocks (32 accumulators); T is lower triangular, so
-    // sub-block R needs k-steps 0..R. Every warp issues 80 mma.
-    const int cb = 32 * (warp & 3);
-    const bool is_u0 = warp >= 4;
-    const unsigned char* b_tile = smem + (is_u0 ? Plan::kVOffset : Plan::kKtOffset);
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      float acc5[2][4][4];
-#pragma unroll
-      for (int i = 0; i < 2; ++i)
-#pragma unroll
-        for (int n = 0; n < 4; ++n) acc5[i][n][0] = acc5[i][n][1] = acc5[i][n][2] = acc5[i][n][3] = 0.f;
-#pragma unroll
-      for (int ks = 0; ks < 2 * half + 2; ++ks) {
-        uint32_t bf[2][4];
-        const int brow = kSubBlock * ks + (lane & 7) + (((lane >> 3) & 1) << 3);
-#pragma unroll
-        for (int np = 0; np < 2; ++np) {
-          kdakit::cuda::ldmatrix_x4_trans(bf[np], kdakit::cuda::smem_u32(b_tile + swz(brow, (cb + 16 * np) / 8 + (lane >> 4))));
-        }
-#pragma unroll
-        for (int i = 0; i < 2; ++i) {
-          const int Rb = 2 * half + i;
-          if (ks <= Rb) {
-            uint32_t ahi[4], alo[4];
-            const uint32_t aoff = swz64(kSubBlock * Rb + (lane & 15), 2 * ks + (lane >> 4));
-            kdakit::cuda::ldmatrix_x4(ahi, kdakit::cuda::smem_u32(tb_hi + aoff));
-            kdakit::cuda::ldmatrix_x4(alo, kdakit::cuda::smem_u32(tb_lo + aoff));
-#pragma unroll
-            for (int np = 0; np < 2; ++np) {
-#pragma unroll
-              for (int j = 0; j < 2; ++j) {
-                kdakit::cuda::mma_bf16_16816(acc5[i][2 * np + j], alo, bf[np][2 * j], bf[np][2 * j + 1]);
-                kdakit::cuda::mma_bf16_16816(acc5[i][2 * np + j], ahi, bf[np][2 * j], bf[np][2 * j + 1]);
-              }
-            }
-          }
-        }
-      }
-      // NOTE: each (row, 8-column) piece is a whole 32-byte sector of U0 (half of one of W),
-      // so storing the accumulators directly needs no staging tile and no barrier.
 #pragma unroll
       for (int i = 0; i < 2; ++i) {
+        const int Rb = 2 * half + i;
+        if (ks <= Rb) {
+          uint32_t ahi[4], alo[4];
+          const uint32_t aoff = swz64(kSubBlock * Rb + (lane & 15), 2 * ks + (lane >> 4));
+          kdakit::cuda::ldmatrix_x4(ahi, kdakit::cuda::smem_u32(tb_hi + aoff));
+          kdakit::cuda::ldmatrix_x4(alo, kdakit::cuda::smem_u32(tb_lo + aoff));
 #pragma unroll
-        for (int n = 0; n < 4; ++n) {
+          for (int np = 0; np < 2; ++np) {
 #pragma unroll
-          for (int hr = 0; hr < 2; ++hr) {
-            const int r = kSubBlock * (2 * half + i) + g + 8 * hr;
-            const int c = cb + 8 * n + 2 * t;
-            if (is_u0) {
-              *reinterpret_cast<float2*>(blk + Layout::kU0Offset + size_t(r) * 512 + c * 4) =
-                  make_float2(acc5[i][n][2 * hr], acc5[i][n][2 * hr + 1]);
-            } else {
-              *reinterpret_cast<uint32_t*>(blk + Layout::kWOffset + size_t(r) * 256 + c * 2) =
-                  kdakit::cuda::pack_bf16x2(acc5[i][n][2 * hr], acc5[i][n][2 * hr + 1]);
+            for (int j = 0; j < 2; ++j) {
+              kdakit::cuda::mma_bf16_16816(acc5[i][2 * np + j], alo, bf[np][2 * j], bf[np][2 * j + 1]);
+              kdakit::cuda::mma_bf16_16816(acc5[i][2 * np + j], ahi, bf[np][2 * j], bf[np][2 * j + 1]);
             }
           }
         }
       }
     }
-  } else {
-    // ---- Phase 5: W = T diag(beta) Kt, then U0 = T diag(beta) V, on tensor cores ----------
-    // NOTE: one product at a time keeps 32 accumulators live instead of 64 (no spills).
-    const int col0 = 64 * (warp >> 2);  // the warp's 64 output columns
-  #pragma unroll
-    for (int pass = 0; pass < 2; ++pass) {
-      const unsigned char* b_tile = smem + (pass == 0 ? Plan::kKtOffset : Plan::kVOffset);
-      float acc5[8][4];
-  #pragma unroll
-      for (int i = 0; i < 8; ++i) acc5[i][0] = acc5[i][1] = acc5[i][2] = acc5[i][3] = 0.f;
-  #pragma unroll
-      for (int ks = 0; ks < kSubBlocks; ++ks) {
-        if (ks <= Rw) {  // T is lower triangular: k-steps past the diagonal are zero
-          const int ra = kSubBlock * Rw + g, sa = kSubBlock * ks + 2 * t;
-          const float2 t00 = *reinterpret_cast<const float2*>(Tf + ra * Plan::kLdF + sa);
-          const float2 t10 = *reinterpret_cast<const float2*>(Tf + (ra + 8) * Plan::kLdF + sa);
-          const float2 t01 = *reinterpret_cast<const float2*>(Tf + ra * Plan::kLdF + sa + 8);
-          const float2 t11 = *reinterpret_cast<const float2*>(Tf + (ra + 8) * Plan::kLdF + sa + 8);
-          const float b0 = beta_s[sa], b1 = beta_s[sa + 1], b8 = beta_s[sa + 8], b9 = beta_s[sa + 9];
-          uint32_t ahi[4], alo[4];
-          kdakit::cuda::split_bf16x2(t00.x * b0, t00.y * b1, ahi[0], alo[0]);
-          kdakit::cuda::split_bf16x2(t10.x * b0, t10.y * b1, ahi[1], alo[1]);
-          kdakit::cuda::split_bf16x2(t01.x * b8, t01.y * b9, ahi[2], alo[2]);
-          kdakit::cuda::split_bf16x2(t11.x * b8, t11.y * b9, ahi[3], alo[3]);
-          const int brow = kSubBlock * ks + (lane & 7) + (((lane >> 3) & 1) << 3);
-  #pragma unroll
-          for (int np = 0; np < 4; ++np) {
-            uint32_t bf[4];
-            kdakit::cuda::ldmatrix_x4_trans(bf, kdakit::cuda::smem_u32(b_tile + swz(brow, (col0 + 16 * np) / 8 + (lane >> 4))));
-            kdakit::cuda::mma_bf16_16816(acc5[2 * np], ahi, bf[0], bf[1]);
-            kdakit::cuda::mma_bf16_16816(acc5[2 * np], alo, bf[0], bf[1]);
-            kdakit::cuda::mma_bf16_16816(acc5[2 * np + 1], ahi, bf[2], bf[3]);
-            kdakit::cuda::mma_bf16_16816(acc5[2 * np + 1], alo, bf[2], bf[3]);
-          }
-        }
-      }
-      // ---- Phase 6: stage W (bf16, over the T products) and U0 (fp32, over Kt and V) -------
-      if (pass == 1) __syncthreads();  // Kt and V are no longer read
-  #pragma unroll
-      for (int nt = 0; nt < 8; ++nt) {
-  #pragma unroll
-        for (int half = 0; half < 2; ++half) {
-          const int r = kSubBlock * Rw + g + 8 * half;
-          const int c = col0 + 8 * nt + 2 * t;
-          if (pass == 0) {
-            *reinterpret_cast<uint32_t*>(smem + Plan::kWStageOffset + swz(r, c >> 3) + (c & 7) * 2) =
-                kdakit::cuda::pack_bf16x2(acc5[nt][2 * half], acc5[nt][2 * half + 1]);
+    // NOTE: each (row, 8-column) piece is a whole 32-byte sector of U0 (half of one of W),
+    // so storing the accumulators directly needs no staging tile and no barrier.
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+#pragma unroll
+      for (int n = 0; n < 4; ++n) {
+#pragma unroll
+        for (int hr = 0; hr < 2; ++hr) {
+          const int r = kSubBlock * (2 * half + i) + g + 8 * hr;
+          const int c = cb + 8 * n + 2 * t;
+          if (is_u0) {
+            *reinterpret_cast<float2*>(blk + Layout::kU0Offset + size_t(r) * 512 + c * 4) =
+                make_float2(acc5[i][n][2 * hr], acc5[i][n][2 * hr + 1]);
           } else {
-            *reinterpret_cast<float2*>(smem + Plan::kU0StageOffset + swz_f32(r, c >> 2) + (c & 3) * 4) =
-                make_float2(acc5[nt][2 * half], acc5[nt][2 * half + 1]);
+            *reinterpret_cast<uint32_t*>(blk + Layout::kWOffset + size_t(r) * 256 + c * 2) =
+                kdakit::cuda::pack_bf16x2(acc5[i][n][2 * hr], acc5[i][n][2 * hr + 1]);
           }
         }
       }
-    }
-    __syncthreads();
-  #pragma unroll
-    for (int u = 0; u < kChunk * 16 / kThreads; ++u) {
-      const int c = tid + u * kThreads;
-      const int r = c >> 4, ch = c & 15;
-      *reinterpret_cast<uint4*>(blk + Layout::kWOffset + size_t(r) * 256 + ch * 16) =
-          *reinterpret_cast<const uint4*>(smem + Plan::kWStageOffset + swz(r, ch));
-    }
-  #pragma unroll
-    for (int u = 0; u < kChunk * 32 / kThreads; ++u) {
-      const int c = tid + u * kThreads;
-      const int r = c >> 5, ch = c & 31;
-      *reinterpret_cast<uint4*>(blk + Layout::kU0Offset + size_t(r) * 512 + ch * 16) =
-          *reinterpret_cast<const uint4*>(smem + Plan::kU0StageOffset + swz_f32(r, ch));
     }
   }
 }
@@ -789,11 +610,10 @@ inline Status cuda_status(cudaError_t err, int line, const char* what) {
                                             ": " + cudaGetErrorString(err));
 }
 
-template <GateMode kGate, bool kGFp32, int kVariant>
+template <GateMode kGate, bool kGFp32>
 Status launch_prep_kernel(const PrepParams& params, int64_t max_chunks, cudaStream_t stream) {
   using GT = std::conditional_t<kGFp32, float, __nv_bfloat16>;
-  auto* kernel =
-      &kda_prefill_prep_sm90_kernel<kGate, GT, variant_tc_inverse(kVariant), variant_balanced_wu(kVariant)>;
+  auto* kernel = &kda_prefill_prep_sm90_kernel<kGate, GT>;
   constexpr int kSmem = int(SharedMemoryPlan::kBytes);
   // NOTE: the attribute is per function and process; setting it once keeps the run path free
   // of repeated driver calls (it is not a device synchronisation either way).

@@ -1,11 +1,8 @@
 // launch_prefill_prep: checks what the prep kernel supports, builds its kernel-side params
-// and picks the (gate, g dtype, variant) instantiation. Runtime flags that do not change the inner loop
+// and picks the (gate, g dtype) instantiation. Runtime flags that do not change the inner loop
 // (norms, beta activation, scalar gate, beta dtype) stay runtime arguments.
-#include <atomic>
 #include <cstdint>
-#include <cstdlib>
 #include <string>
-#include <type_traits>
 
 #include "api/check.h"
 #include "cuda/sm90/prefill/prep/config.h"
@@ -22,40 +19,7 @@ bool rows_aligned(const void* ptr, int64_t elems_per_16b, int64_t sb, int64_t st
   return aligned16(ptr) && sb % elems_per_16b == 0 && st % elems_per_16b == 0 && sh % elems_per_16b == 0;
 }
 
-// Calls fn(std::integral_constant<int, v>) for the runtime variant v in [0, kPrepVariants).
-template <typename Fn>
-Status dispatch_variant(int v, Fn&& fn) {
-  static_assert(prep::kPrepVariants == 4, "dispatch_variant lists every variant");
-  switch (v) {
-    case 0: return fn(std::integral_constant<int, 0>{});
-    case 1: return fn(std::integral_constant<int, 1>{});
-    case 2: return fn(std::integral_constant<int, 2>{});
-    case 3: return fn(std::integral_constant<int, 3>{});
-    default: return fn(std::integral_constant<int, prep::kDefaultPrepVariant>{});
-  }
-}
-
 }  // namespace
-
-namespace prep {
-namespace {
-std::atomic<int> variant_override{-1};
-}  // namespace
-
-void set_prep_variant(int v) { variant_override.store(v >= 0 && v < kPrepVariants ? v : -1); }
-
-int prep_variant() {
-  if (const int v = variant_override.load(); v >= 0) return v;
-  static const int variant = [] {
-    const char* env = std::getenv("KDAKIT_PREP_VARIANT");
-    if (env == nullptr || env[0] < '0' || env[0] >= char('0' + kPrepVariants) || env[1] != '\0') {
-      return kDefaultPrepVariant;
-    }
-    return env[0] - '0';
-  }();
-  return variant;
-}
-}  // namespace prep
 
 Status launch_prefill_prep(const PrefillParams& p, const WorkspacePlan& w, void* workspace, cudaStream_t stream) {
   KDAKIT_CHECK(workspace != nullptr, kInvalidArgument, "prefill prep: workspace is null");
@@ -121,23 +85,19 @@ Status launch_prefill_prep(const PrefillParams& p, const WorkspacePlan& w, void*
       .lower_bound = p.lower_bound,
   };
   const bool g_fp32 = p.dtype_g == DType::kFloat32;
-  return dispatch_variant(prep::prep_variant(), [&](auto variant) -> Status {
-    constexpr int kV = decltype(variant)::value;
-    switch (p.gate) {
-      case GateMode::kPrecomputed:
-        return g_fp32 ? prep::launch_prep_kernel<GateMode::kPrecomputed, true, kV>(params, w.max_chunks, stream)
-                      : prep::launch_prep_kernel<GateMode::kPrecomputed, false, kV>(params, w.max_chunks, stream);
-      case GateMode::kSoftplus:
-        return g_fp32 ? prep::launch_prep_kernel<GateMode::kSoftplus, true, kV>(params, w.max_chunks, stream)
-                      : prep::launch_prep_kernel<GateMode::kSoftplus, false, kV>(params, w.max_chunks, stream);
-      case GateMode::kLowerBound:
-        return g_fp32 ? prep::launch_prep_kernel<GateMode::kLowerBound, true, kV>(params, w.max_chunks, stream)
-                      : prep::launch_prep_kernel<GateMode::kLowerBound, false, kV>(params, w.max_chunks, stream);
-    }
-    return Status(StatusCode::kUnsupported,
-                  "prefill prep: gate must be kPrecomputed, kSoftplus or kLowerBound, got " +
-                      std::to_string(int(p.gate)));
-  });
+  switch (p.gate) {
+    case GateMode::kPrecomputed:
+      return g_fp32 ? prep::launch_prep_kernel<GateMode::kPrecomputed, true>(params, w.max_chunks, stream)
+                    : prep::launch_prep_kernel<GateMode::kPrecomputed, false>(params, w.max_chunks, stream);
+    case GateMode::kSoftplus:
+      return g_fp32 ? prep::launch_prep_kernel<GateMode::kSoftplus, true>(params, w.max_chunks, stream)
+                    : prep::launch_prep_kernel<GateMode::kSoftplus, false>(params, w.max_chunks, stream);
+    case GateMode::kLowerBound:
+      return g_fp32 ? prep::launch_prep_kernel<GateMode::kLowerBound, true>(params, w.max_chunks, stream)
+                    : prep::launch_prep_kernel<GateMode::kLowerBound, false>(params, w.max_chunks, stream);
+  }
+  return Status(StatusCode::kUnsupported, "prefill prep: gate must be kPrecomputed, kSoftplus or kLowerBound, got " +
+                                              std::to_string(int(p.gate)));
 }
 
 }  // namespace kdakit::sm90::prefill

@@ -23,16 +23,9 @@ Status launch_prefill_prep(const PrefillParams& p, const WorkspacePlan& w, void*
 
 namespace prep {
 struct PrepParams;
-// One file per (gate, g dtype) in instantiations/, each with every variant (config.h):
-// kGFp32 selects fp32 g, else bf16.
-template <GateMode kGate, bool kGFp32, int kVariant>
+// One file per (gate, g dtype) in instantiations/: kGFp32 selects fp32 g, else bf16.
+template <GateMode kGate, bool kGFp32>
 Status launch_prep_kernel(const PrepParams& params, int64_t max_chunks, cudaStream_t stream);
-// The variant launch_prefill_prep uses: the one set by set_prep_variant, else
-// KDAKIT_PREP_VARIANT when set to a valid number (read once), else kDefaultPrepVariant.
-int prep_variant();
-// For tools and tests that compare variants in one process: v in [0, kPrepVariants) overrides
-// the choice above for later launches, -1 removes the override. Not for concurrent use.
-void set_prep_variant(int v);
 }  // namespace prep
 
 }  // namespace kdakit::sm90::prefill

@@ -1,9 +1,6 @@
-// Prep kernel, softplus gate, bf16 g, every variant.
+// Prep kernel, softplus gate, bf16 g.
 #include "cuda/sm90/prefill/prep/kernel.cuh"
 
 namespace kdakit::sm90::prefill::prep {
-template Status launch_prep_kernel<GateMode::kSoftplus, false, 0>(const PrepParams&, int64_t, cudaStream_t);
-template Status launch_prep_kernel<GateMode::kSoftplus, false, 1>(const PrepParams&, int64_t, cudaStream_t);
-template Status launch_prep_kernel<GateMode::kSoftplus, false, 2>(const PrepParams&, int64_t, cudaStream_t);
-template Status launch_prep_kernel<GateMode::kSoftplus, false, 3>(const PrepParams&, int64_t, cudaStream_t);
+template Status launch_prep_kernel<GateMode::kSoftplus, false>(const PrepParams&, int64_t, cudaStream_t);
 }  // namespace kdakit::sm90::prefill::prep
