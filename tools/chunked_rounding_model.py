@@ -1,0 +1,149 @@
+"""Rounding model of kdakit's chunked prefill (sm_90a two-kernel path), in float64 numpy.
+
+What it answers: how close to the float64 token-by-token recurrence the chunked kernels can be,
+given where they round to bf16, and which extra bf16 hi + lo splits would bring the slow-decay
+inputs (per-token decay rates 4.5e-5 .. 2.5e-3, the segmented-prefill tests' gate) under the
+contract's bars (output 4e-3, fp32 final state 2e-3, relative L2). It mirrors the kernels'
+roundings, not their code: every product is exact (float64) except where a kernel rounds an
+operand or a stored array to bf16:
+
+  prep (src/cuda/sm90/prefill/prep/kernel.cuh), per 64-token chunk, b2 the base-2 gate cumsum,
+  c_R its value at the last row of 16-row sub-block R, m_R = (c_{R-1} + c_R) / 2:
+    A^L_r = bf(kn_r 2^(b2_r - m_R)), A^M_r = bf(qn_r 2^(b2_r - m_R)), B^(R)_s = bf(kn_s 2^(m_R - b2_s))
+    L = A^L B^T (strict), M = bf(A^M B^T) (stored bf16), T = (I + diag(beta) L)^-1 (three-pass
+    bf16 products, ~2^-16: modelled exact), Qt = bf(qn 2^b2), Kt = bf(kn 2^b2),
+    Kh = bf(kn 2^(c_3 - b2)), W = bf(T diag(beta) Kt), U0 = T diag(beta) V (fp32, exact here)
+  recurrence (src/cuda/sm90/prefill/recurrence/kernel.cuh), fp32 master state S:
+    U = U0 - W bf(S), O = Qt bf(S) + M hilo(U), S <- diag(2^c_3) S + Kh^T hilo(U), o = bf(O)
+
+Options turn single bf16 roundings into hi + lo pairs (two bf16 MMA passes, ~2^-16) to see what
+each buys. Usage:
+
+    python tools/chunked_rounding_model.py [--tokens 8192] [--gate slow|normal] [--seed 0]
+                                           [--splits Kh+S_wq,...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+
+import numpy as np
+
+K = V = 128
+C = 64
+SUB = 16
+
+
+def bf(x: np.ndarray) -> np.ndarray:
+    """Round to bf16 (nearest even), returned as float64."""
+    u = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32).astype(np.uint64)
+    u = ((u + 0x7FFF + ((u >> 16) & 1)) & 0xFFFF0000).astype(np.uint32)
+    return u.view(np.float32).astype(np.float64)
+
+
+def hilo(x: np.ndarray) -> np.ndarray:
+    h = bf(x)
+    return h + bf(x - h)
+
+
+def inputs(tokens: int, gate: str, rng: np.random.Generator):
+    def unit_rows(n):
+        x = bf(rng.uniform(-1, 1, (n, K)))
+        return x / np.linalg.norm(x, axis=1, keepdims=True)  # in-kernel L2 norm (fp32: ~exact)
+
+    q = unit_rows(tokens) * K ** -0.5
+    k = unit_rows(tokens)
+    v = bf(rng.uniform(-1, 1, (tokens, V)))
+    lo, hi = (-10.0, -6.0) if gate == "slow" else (-6.0, 0.0)
+    g = -np.exp(rng.uniform(lo, hi, (tokens, K)))  # natural-log decay per token and channel
+    beta = 1.0 / (1.0 + np.exp(-rng.uniform(-4, 4, tokens)))
+    s0 = rng.uniform(-1, 1, (K, V))
+    return q, k, v, g, beta, s0
+
+
+def reference(q, k, v, g, beta, s0):
+    s = s0.copy()
+    o = np.empty((len(q), V))
+    for t in range(len(q)):
+        s *= np.exp(g[t])[:, None]
+        s += beta[t] * np.outer(k[t], v[t] - k[t] @ s)
+        o[t] = q[t] @ s
+    return o, s
+
+
+def chunked(q, k, v, g, beta, s0, split: set[str]):
+    """The kernels' algorithm with their roundings; `split` names operands kept as hi + lo."""
+    r = {name: (hilo if name in split else bf) for name in ("S_wq", "W", "Qt", "Kh", "M")}
+    s = s0.copy()
+    o = np.empty((len(q), V))
+    for c0 in range(0, len(q), C):
+        n = min(C, len(q) - c0)
+        qc, kc, vc, bc = q[c0:c0 + n], k[c0:c0 + n], v[c0:c0 + n], beta[c0:c0 + n]
+        b2 = np.cumsum(g[c0:c0 + n] / np.log(2.0), axis=0)
+        ends = [min(16 * (R + 1), n) - 1 for R in range(4)]
+        cR = [b2[e] if e >= 0 else None for e in ends]
+        L = np.zeros((n, n))
+        M = np.zeros((n, n))
+        for R in range((n + SUB - 1) // SUB):
+            rows = slice(16 * R, min(16 * (R + 1), n))
+            prev = np.zeros(K) if R == 0 else cR[R - 1]
+            m = 0.5 * (prev + cR[R])
+            aL = bf(kc[rows] * np.exp2(b2[rows] - m))
+            aM = bf(qc[rows] * np.exp2(b2[rows] - m))
+            cols = slice(0, min(16 * (R + 1), n))
+            B = bf(kc[cols] * np.exp2(m - b2[cols]))
+            L[rows, cols] = aL @ B.T
+            M[rows, cols] = aM @ B.T
+        idx = np.arange(n)
+        L = np.where(idx[None, :] < idx[:, None], L, 0.0)
+        M = np.where(idx[None, :] <= idx[:, None], M, 0.0)
+        Tm = np.linalg.inv(np.eye(n) + bc[:, None] * L)
+        Tb = Tm * bc[None, :]
+        last = b2[n - 1]
+        Qt = r["Qt"](qc * np.exp2(b2))
+        Kt = bf(kc * np.exp2(b2))
+        Kh = r["Kh"](kc * np.exp2(last - b2))
+        W = r["W"](Tb @ Kt)
+        U0 = Tb @ vc
+        Mb = r["M"](M)
+        sq = r["S_wq"](s)
+        U = U0 - W @ sq
+        o[c0:c0 + n] = Qt @ sq + Mb @ hilo(U)
+        s = np.exp2(last)[:, None] * s + Kh.T @ hilo(U)
+    return bf(o), s
+
+
+def rel(x, ref):
+    return float(np.linalg.norm(x - ref) / np.linalg.norm(ref))
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--tokens", type=int, default=8192)
+    ap.add_argument("--gate", choices=["slow", "normal"], default="slow")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--splits", default="",
+                    help="comma list of operand sets joined by '+' (e.g. 'Kh+S_wq,Kh+S_wq+W'); default: a survey")
+    args = ap.parse_args()
+    rng = np.random.default_rng(args.seed)
+    x = inputs(args.tokens, args.gate, rng)
+    o_ref, s_ref = reference(*x)
+    print(f"T = {args.tokens}, {args.gate} gate; relative L2 against the float64 recurrence "
+          f"(bars: o 4e-3, fp32 state 2e-3)")
+    print("| hi + lo operands (besides U) | o | final state |")
+    print("|---|---|---|")
+    names = ["Kh", "S_wq", "W", "Qt", "M"]
+    combos = [set()] + [{n} for n in names] + [set(c) for c in itertools.combinations(names, 2)] + [set(names)]
+    if args.splits:
+        combos = [set()] + [set(c.split("+")) for c in args.splits.split(",")]
+    for split in combos:
+        o, s = chunked(*x, split)
+        label = ", ".join(sorted(split)) or "none (as built)"
+        print(f"| {label} | {rel(o, o_ref):.3e} | {rel(s, s_ref):.3e} |", flush=True)
+    print(f"| o rounded to bf16 alone | {rel(bf(o_ref), o_ref):.3e} | - |")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
