@@ -20,8 +20,11 @@ kdakit and FLA run on the same pool, index tensors and inputs.
 
 Per row: time per call (us), state traffic (bytes of state read + written / time) in TB/s and as
 a fraction of the 4.27 TB/s copy ceiling measured on H200 (TARGETS.md), FLA's time, and the
-speedup; then a geometric mean. Each case first checks kdakit's output against FLA's on the
-same inputs (relative L2), so a ratio never hides a wrong answer.
+speedup; then a geometric mean. Decode rows also time the card's in-place SM copy (an
+elementwise kernel) over the same bytes on the same rotation of pool regions, the per-row
+reference for a fraction of the copy bandwidth (ramp, tail and cold L2 included alike). Each case
+first checks kdakit's output against FLA's on the same inputs (relative L2), so a ratio never
+hides a wrong answer.
 
 Kernel variants: ``--variants`` takes a comma list of specs ``name[+pdl][+pf|+nopf]`` (``name``
 a KDAKIT_DECODE_VARIANT value: registers, staged, staged64, direct32, direct16; ``+pdl`` sets
@@ -87,6 +90,7 @@ class Row:
     fla_chunk_us: float | None
     rel_l2_vs_fla: float | None
     rotation: int
+    copy_us: float | None = None  # decode rows: the in-place SM copy of the same bytes, cold L2
     kdakit_chunked_us: float | None = None  # prefill rows: kdakit.prefill on the chunked path
     rel_l2_chunked: float | None = None  # ... its output against the token-serial path's
     ran: str = ""  # the kernel the dispatcher reported (KDAKIT_PRINT_CONFIGS)
@@ -352,6 +356,17 @@ def run_case(torch, kdakit, fla_rec, fla_chunk, case: Case, repeats: int, gen, v
         except Exception as err:  # noqa: BLE001 - reported, the row is still timed
             print(f"  kdakit chunked prefill not timed: {type(err).__name__}: {err}", file=sys.stderr)
 
+    copy_us = None
+    if case.kind == "decode":
+        # The card's in-place SM copy over the same bytes (one call's state, read and written),
+        # on the same rotation of pool regions, so that ramp, tail and cold L2 weigh the same as in
+        # the decode call: the per-row reference for "a fraction of the copy bandwidth".
+        n = slots_per_call * HV * K * V
+        flat = pool.view(-1)
+        regions = [flat[r * n:(r + 1) * n] for r in range(rotation)]
+        copy_us = _time_graph(torch, [lambda x=x: x.mul_(1.0) for x in regions], repeats)
+        del regions, flat
+
     # Bytes: the start state read, every written state (1 per sequence, or per token with S).
     writes = B * (min(T, cols) if cols > 1 else 1)
     moved = (B + writes) * HV * K * V * elem
@@ -385,7 +400,8 @@ def run_case(torch, kdakit, fla_rec, fla_chunk, case: Case, repeats: int, gen, v
             rel_chunked = float((chunked_o.float() - o.float()).norm() / o.float().norm().clamp_min(1e-30))
             pool[used] = saved
         rows.append(Row(case.name, variant, k_us, tbps, tbps / COPY_CEILING_TBPS, f_us,
-                        (f_us / k_us) if f_us else None, chunk_us, rel, rotation, chunked_us, rel_chunked, ran=ran,
+                        (f_us / k_us) if f_us else None, chunk_us, rel, rotation, copy_us, chunked_us, rel_chunked,
+                        ran=ran,
                         repro=f"python -m kdakit.bench.decode --kinds {case.kind} --variants '{variant}' "
                               f"--cases '{case.name}'"))
     _set_variant("auto")
@@ -467,8 +483,8 @@ def main(argv: list[str] | None = None) -> int:
                 json.dump([asdict(r) for r in rows], f, indent=1)
 
     print("\n| case | variant | floor us | kdakit us | state TB/s | % of 4.27 | FLA us | FLA/kdakit | FLA chunk us "
-          "| rel vs FLA | kdakit chunked us |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+          "| rel vs FLA | kdakit chunked us | same-size copy us (copy / kdakit) |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     floors = {c.name: floor_us(c) for c in cases(args.quick)}
     for r in rows:
         fla = f"{r.fla_us:.2f}" if r.fla_us else "-"
@@ -478,8 +494,9 @@ def main(argv: list[str] | None = None) -> int:
         fl = f"{floors[r.name]:.2f}" if not r.name.startswith("prefill") else "-"
         kc = (f"{r.kdakit_chunked_us:.2f} (o {r.rel_l2_chunked:.1e} apart)" if r.kdakit_chunked_us and
               r.rel_l2_chunked is not None else "-")
+        cp = f"{r.copy_us:.2f} ({100 * r.copy_us / r.kdakit_us:.1f}%)" if r.copy_us else "-"
         print(f"| {r.name} | {r.variant} | {fl} | {r.kdakit_us:.2f} | {r.state_tbps:.2f} | "
-              f"{100 * r.ceiling_fraction:.1f} | {fla} | {sp} | {ch} | {rel} | {kc} |")
+              f"{100 * r.ceiling_fraction:.1f} | {fla} | {sp} | {ch} | {rel} | {kc} | {cp} |")
     for variant in variants:
         speedups = [r.speedup for r in rows if r.speedup and (r.variant == variant or
                                                             (r.variant == "auto" and not r.name.startswith("decode")))]

@@ -1,0 +1,56 @@
+"""The decode benchmark's variant specs (``name[+pdl][+pf|+nopf]``): which environment each sets
+for the dispatcher (src/cuda/sm90/decode/dispatch.cu reads it on every call) and which kernel the
+dispatcher must then report. CPU only: nothing is launched."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from kdakit.bench import decode as bench
+
+ENV = ("KDAKIT_DECODE_VARIANT", "KDAKIT_DECODE_PDL", "KDAKIT_DECODE_PREFETCH")
+
+
+@pytest.fixture(autouse=True)
+def _clean_env(monkeypatch):
+    for key in ENV:
+        monkeypatch.delenv(key, raising=False)
+    yield
+    for key in ENV:
+        os.environ.pop(key, None)
+
+
+@pytest.mark.parametrize("spec, env", [
+    ("auto", {}),
+    ("direct32", {"KDAKIT_DECODE_VARIANT": "direct32", "KDAKIT_DECODE_PDL": "0"}),
+    ("staged64+pdl", {"KDAKIT_DECODE_VARIANT": "staged64", "KDAKIT_DECODE_PDL": "1"}),
+    ("direct32+pdl+nopf", {"KDAKIT_DECODE_VARIANT": "direct32", "KDAKIT_DECODE_PDL": "1",
+                           "KDAKIT_DECODE_PREFETCH": "0"}),
+    ("staged+pdl+pf", {"KDAKIT_DECODE_VARIANT": "staged", "KDAKIT_DECODE_PDL": "1", "KDAKIT_DECODE_PREFETCH": "1"}),
+])
+def test_spec_sets_exactly_its_environment(spec, env):
+    os.environ["KDAKIT_DECODE_PREFETCH"] = "stale"  # a previous spec's setting must not survive
+    bench._set_variant(spec)
+    assert {k: os.environ[k] for k in ENV if k in os.environ} == env
+
+
+@pytest.mark.parametrize("spec, ran", [
+    ("auto", None),
+    ("registers+pdl", "registers"),  # the register kernel is never launched with PDL
+    ("direct32", "direct32"),
+    ("direct32+pdl+pf", "direct32+pdl"),
+    ("staged64+pdl+nopf", "staged64+pdl"),
+])
+def test_expected_dispatcher_report(spec, ran):
+    assert bench._expected_ran(spec) == ran
+
+
+def test_every_listed_variant_parses_to_a_dispatcher_name():
+    names = {"auto", "registers", "staged", "staged64", "direct32", "direct16"}
+    for spec in bench.ALL_VARIANTS:
+        name, mods = bench._parse_spec(spec)
+        assert name in names, spec
+        assert mods <= {"pdl", "pf", "nopf"}, spec
+        assert not {"pf", "nopf"} <= mods, spec
