@@ -75,12 +75,16 @@ using common::tc_offdiag_row;
 // Prep kernel helpers
 // ------------------------------------------------------------------------------------------
 
-// Byte offset of 16-byte chunk `chunk` of row `row` in a bf16 [rows][128] shared array.
-// NOTE: the XOR key (row ^ row / 4) mod 8 is a bijection on any 8 aligned rows (ldmatrix
-// reads 8 consecutive rows at one logical chunk) and also on rows 4 rq + j, rq = 0..7 (the
-// elementwise phase's pattern), so both access 8 distinct bank groups.
+// Byte offset of 16-byte chunk `chunk` of row `row` in a bf16 [rows][128] shared array, for
+// the kW-warp CTA. NOTE: both XOR keys are bijections on any 8 aligned rows (ldmatrix reads 8
+// consecutive rows at one logical chunk) and on the rows a quarter-warp touches at one chunk in
+// the elementwise phase: (row ^ row / 4) mod 8 on rows 4 rq + j (8 warps, two chunks per warp),
+// (row ^ row / 8) mod 8 on rows 2 lane + j (16 warps, one chunk per warp; the first key gives
+// 2-way conflicts there). So every such access hits 8 distinct bank groups.
+template <int kW>
 __device__ __forceinline__ uint32_t swz(int row, int chunk) {
-  return uint32_t(row) * 256u + (uint32_t(chunk ^ ((row ^ (row >> 2)) & 7)) << 4);
+  constexpr int kShift = kW == 8 ? 2 : 3;
+  return uint32_t(row) * 256u + (uint32_t(chunk ^ ((row ^ (row >> kShift)) & 7)) << 4);
 }
 
 __device__ __forceinline__ void unpack8(const uint4& raw, float (&out)[8]) {
@@ -172,7 +176,7 @@ __global__ void __launch_bounds__(kW * 32, 2) kda_prefill_prep_sm90_kernel(const
     for (int u = 0; u < kChunk * 16 / kT; ++u) {
       const int c = tid + u * kT;
       const int r = c >> 4, ch = c & 15;
-      const uint32_t off = swz(r, ch);
+      const uint32_t off = swz<kW>(r, ch);
       if (r < len) {
         kdakit::cuda::cp_async_16(kdakit::cuda::smem_u32(smem + Plan::kQaOffset + off), qg + int64_t(r) * p.stride_q_t + ch * 8);
         kdakit::cuda::cp_async_16(kdakit::cuda::smem_u32(smem + Plan::kKaOffset + off), kg + int64_t(r) * p.stride_k_t + ch * 8);
@@ -281,8 +285,8 @@ __global__ void __launch_bounds__(kW * 32, 2) kda_prefill_prep_sm90_kernel(const
 #pragma unroll
   for (int j = 0; j < kRows; ++j) {
     float qf[8], kf[8];
-    unpack8(*reinterpret_cast<const uint4*>(smem + Plan::kQaOffset + swz(r0 + j, ch0)), qf);
-    unpack8(*reinterpret_cast<const uint4*>(smem + Plan::kKaOffset + swz(r0 + j, ch0)), kf);
+    unpack8(*reinterpret_cast<const uint4*>(smem + Plan::kQaOffset + swz<kW>(r0 + j, ch0)), qf);
+    unpack8(*reinterpret_cast<const uint4*>(smem + Plan::kKaOffset + swz<kW>(r0 + j, ch0)), kf);
     float sq = 0.f, sk = 0.f;
 #pragma unroll
     for (int e = 0; e < 8; ++e) {
@@ -353,7 +357,7 @@ __global__ void __launch_bounds__(kW * 32, 2) kda_prefill_prep_sm90_kernel(const
       for (int j = 0; j < kRows; ++j) {
         const int r = r0 + j;
         float kn[8], kh[8], kd[8];
-        unpack8(*reinterpret_cast<const uint4*>(smem + Plan::kKaOffset + swz(r, ch0)), kn);
+        unpack8(*reinterpret_cast<const uint4*>(smem + Plan::kKaOffset + swz<kW>(r, ch0)), kn);
         const float sk = row_k[r];
 #pragma unroll
         for (int e = 0; e < 8; ++e) {
@@ -368,7 +372,7 @@ __global__ void __launch_bounds__(kW * 32, 2) kda_prefill_prep_sm90_kernel(const
           if (m_cur[e] == -INFINITY) scratch[r * kHeadDim + c0 + e] = b2[j][e];
         }
         *reinterpret_cast<uint4*>(blk + Layout::kKhOffset + size_t(r) * 256 + c0 * 2) = pack8(kh);
-        *reinterpret_cast<uint4*>(smem + Plan::kKbOffset + swz(kb_row_offset(R) + r, ch0)) = pack8(kd);
+        *reinterpret_cast<uint4*>(smem + Plan::kKbOffset + swz<kW>(kb_row_offset(R) + r, ch0)) = pack8(kd);
       }
 #pragma unroll
       for (int Rb = 1; Rb < kSubBlocks; ++Rb) {
@@ -386,7 +390,7 @@ __global__ void __launch_bounds__(kW * 32, 2) kda_prefill_prep_sm90_kernel(const
             float kb[8];
 #pragma unroll
             for (int e = 0; e < 8; ++e) kb[e] = kfr[j][e] * b_fac[e];
-            *reinterpret_cast<uint4*>(smem + Plan::kKbOffset + swz(kb_row_offset(Rb) + r0 + j, ch0)) = pack8(kb);
+            *reinterpret_cast<uint4*>(smem + Plan::kKbOffset + swz<kW>(kb_row_offset(Rb) + r0 + j, ch0)) = pack8(kb);
           }
         }
       }
@@ -404,7 +408,7 @@ __global__ void __launch_bounds__(kW * 32, 2) kda_prefill_prep_sm90_kernel(const
 #pragma unroll
     for (int j = 0; j < kRows; ++j) {
       const int r = r0 + j;
-      const uint32_t off = swz(r, ch0);
+      const uint32_t off = swz<kW>(r, ch0);
       float qn[8], kn[8], fq[8], fa[8], out[8];
       unpack8(*reinterpret_cast<const uint4*>(smem + Plan::kQaOffset + off), qn);
       unpack8(*reinterpret_cast<const uint4*>(smem + Plan::kKaOffset + off), kn);
@@ -449,13 +453,13 @@ __global__ void __launch_bounds__(kW * 32, 2) kda_prefill_prep_sm90_kernel(const
 #pragma unroll
     for (int ks = 0; ks < kHeadDim / 16; ++ks) {
       uint32_t a[4];
-      kdakit::cuda::ldmatrix_x4(a, kdakit::cuda::smem_u32(a_base + swz(kSubBlock * Rw + (lane & 15), 2 * ks + (lane >> 4))));
+      kdakit::cuda::ldmatrix_x4(a, kdakit::cuda::smem_u32(a_base + swz<kW>(kSubBlock * Rw + (lane & 15), 2 * ks + (lane >> 4))));
 #pragma unroll
       for (int np = 0; np < kSubBlocks; ++np) {
         if (np <= Rw && np % kSplit == part) {
           uint32_t b[4];
           const int row = b_row0 + 16 * np + (lane & 7) + ((lane >> 4) << 3);
-          kdakit::cuda::ldmatrix_x4(b, kdakit::cuda::smem_u32(b_base + swz(row, 2 * ks + ((lane >> 3) & 1))));
+          kdakit::cuda::ldmatrix_x4(b, kdakit::cuda::smem_u32(b_base + swz<kW>(row, 2 * ks + ((lane >> 3) & 1))));
           kdakit::cuda::mma_bf16_16816(acc[2 * (np / kSplit)], a, b[0], b[1]);
           kdakit::cuda::mma_bf16_16816(acc[2 * (np / kSplit) + 1], a, b[2], b[3]);
         }
@@ -586,7 +590,7 @@ __global__ void __launch_bounds__(kW * 32, 2) kda_prefill_prep_sm90_kernel(const
       const int brow = kSubBlock * ks + (lane & 7) + (((lane >> 3) & 1) << 3);
 #pragma unroll
       for (int np = 0; np < kNp; ++np) {
-        kdakit::cuda::ldmatrix_x4_trans(bf[np], kdakit::cuda::smem_u32(b_tile + swz(brow, (cb + 16 * np) / 8 + (lane >> 4))));
+        kdakit::cuda::ldmatrix_x4_trans(bf[np], kdakit::cuda::smem_u32(b_tile + swz<kW>(brow, (cb + 16 * np) / 8 + (lane >> 4))));
       }
 #pragma unroll
       for (int i = 0; i < 2; ++i) {
