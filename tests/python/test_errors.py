@@ -302,3 +302,5 @@ def test_chunk_kda_use_graph(x):
     np.testing.assert_array_equal(o, o_ref)
     with raises(ValueError, "cu_seqlens"):
         fla(x, **packed, cu_seqlens=padded, use_graph=True, max_num_seqs=3)
+    with raises(ValueError, "cu_seqlens"):  # a fixed batch has no sequence list to pad
+        fla(x, **packed, use_graph=True, max_num_seqs=1)

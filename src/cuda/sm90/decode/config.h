@@ -184,8 +184,9 @@ struct RecurrentKernelParams {
 // ------------------------------------------------------------------------------------------
 // Fast single-column decode kernel: direct.cuh (state in registers). V-first, decode mode, one
 // index column, dense T = 1 or packed (cu_seqlens, any lengths; a sequence of several tokens runs
-// a token loop). It keeps every per-token vector in the registers of the warp that uses it: lane l owns key channels [l K/32, (l+1) K/32) of q, k, the decay and of each state
-// row, so the preprocessing needs no shared memory and no CTA barrier.
+// a token loop). It keeps every per-token vector in the registers of the warp that uses it: lane
+// l owns key channels [l K/32, (l+1) K/32) of q, k, the decay and of each state row, so the
+// preprocessing needs no shared memory and no CTA barrier.
 // ------------------------------------------------------------------------------------------
 
 // direct: 4 warps per CTA; kRowsPerWarp (8 or 4) value rows per warp, so 32 or 16 rows per

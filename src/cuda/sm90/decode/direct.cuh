@@ -130,14 +130,10 @@ Status launch_direct(const FastDecodeParams& p, cudaStream_t stream, bool pdl) {
                   "decode: the direct kernel takes at most " + std::to_string(kDirectMaxSeqs) +
                       " sequences (grid y), got " + std::to_string(p.num_seqs));
   }
-  // NOTE: without the attribute nothing runs concurrently with the previous kernel, so a prefetch
-  // before the (then no-op) wait would only delay the chain.
-  FastDecodeParams q = p;
-  if (!pdl) q.flags &= ~FastFlags::kPrefetchBeforeWait;
   return launch_pdl_kernel(kda_decode_sm90_direct_kernel<StateT, kHeadDim, kRowsPerWarp>,
                            "kda_decode_sm90_direct_kernel",
                            dim3(unsigned(p.num_v_heads * kSlices), unsigned(p.num_seqs)), kDirectThreads,
-                           0, stream, pdl, q);
+                           0, stream, pdl, p);
 }
 
 }  // namespace kdakit::sm90::recurrent

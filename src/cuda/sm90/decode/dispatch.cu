@@ -282,14 +282,10 @@ constexpr bool kDefaultPdl = true;
 // docs/design/20261130-decode-fast.md): a gain only while the grid is one wave of the direct
 // kernel (H32 B1 fp32 3.50 against 3.71 us without it, bf16 3.50 against 4.01), a loss beyond
 // (H32 B8 fp32 12.64 against 11.82; B128 210.8 against 155.3: every CTA of a later wave pays the
-// index round trip twice). So it is on by default only there; KDAKIT_DECODE_PREFETCH=0 / 1 forces it.
-bool default_prefetch(Variant v, bool small_grid) {
-  return small_grid && (v == Variant::kDirect32 || v == Variant::kDirect16);
-}
+// index round trip twice). So it is on by default only there (choose_variant);
+// KDAKIT_DECODE_PREFETCH=0 / 1 forces it.
 
-bool is_fast(Variant v) {
-  return v == Variant::kDirect32 || v == Variant::kDirect16;
-}
+bool is_fast(Variant v) { return v == Variant::kDirect32 || v == Variant::kDirect16; }
 bool is_staged(Variant v) {
   return v == Variant::kStagedSingle || v == Variant::kStagedSingleWide || v == Variant::kStagedMulti;
 }
@@ -326,10 +322,10 @@ bool env_flag(const char* name, bool fallback) {
 Choice choose_variant(const RecurrentKernelParams& k, bool fast, DType dtype_state, StateLayout layout, int head_dim) {
   const int64_t slices32 = k.num_seqs * k.num_v_heads * (head_dim / recurrent::kValuesPerCta);
   const bool direct_ok = fast && k.num_seqs <= recurrent::kDirectMaxSeqs;
+  const bool small = slices32 <= kDirectMaxSlicesPerSm * std::max(num_sms(), 1);  // one direct wave
   Choice c;
   bool chosen = false;
   if (fast && few_tokens(k)) {
-    const bool small = slices32 <= kDirectMaxSlicesPerSm * std::max(num_sms(), 1);
     const bool mid_fp32 = dtype_state == DType::kFloat32 && slices32 <= kDirectFp32MaxSlicesPerSm * std::max(num_sms(), 1);
     if (direct_ok && (small || mid_fp32)) {
       c.variant = Variant::kDirect32;
@@ -359,11 +355,10 @@ Choice choose_variant(const RecurrentKernelParams& k, bool fast, DType dtype_sta
       c.variant = name == "direct32" ? Variant::kDirect32 : Variant::kDirect16;
     }
   }
-  c.pdl = pdl_capable(c.variant) &&
-          env_flag("KDAKIT_DECODE_PDL", kDefaultPdl && (c.variant == Variant::kDirect32 || c.variant == Variant::kDirect16 ||
-                                                         is_staged(c.variant)));
-  const bool small_grid = slices32 <= kDirectMaxSlicesPerSm * std::max(num_sms(), 1);
-  c.prefetch = c.pdl && env_flag("KDAKIT_DECODE_PREFETCH", default_prefetch(c.variant, small_grid));
+  // NOTE: the prefetch is only ever set with PDL (without it the wait is a no-op and the prefetch
+  // would sit on the chain); the launchers rely on that.
+  c.pdl = pdl_capable(c.variant) && env_flag("KDAKIT_DECODE_PDL", kDefaultPdl);
+  c.prefetch = c.pdl && env_flag("KDAKIT_DECODE_PREFETCH", small && is_fast(c.variant));
   return c;
 }
 

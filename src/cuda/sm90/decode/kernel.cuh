@@ -859,12 +859,8 @@ Status launch_staged(const RecurrentKernelParams& p, cudaStream_t stream, bool p
                                               ": setting the shared-memory carveout failed: " +
                                               cudaGetErrorString(carveout));
   }
-  // NOTE: without the attribute nothing runs concurrently with the previous kernel, so a prefetch
-  // before the (then no-op) wait would only delay the chain.
-  RecurrentKernelParams q = p;
-  q.prefetch_before_wait = pdl && p.prefetch_before_wait;
   return launch_pdl_kernel(kernel, "kda_decode_sm90_staged_kernel", dim3(unsigned(ctas)), kThreads, smem_bytes, stream,
-                           pdl, q);
+                           pdl, p);
 }
 
 }  // namespace kdakit::sm90::recurrent

@@ -14,13 +14,14 @@ Status launch_recurrent(const RecurrentKernelParams& p, cudaStream_t stream);
 // Staged variant: V-first layout, decode mode with one index column only. kSingleToken: every
 // sequence has at most one token (a dense batch with T = 1). kGroups: 32-row groups per CTA
 // (2 only with kSingleToken). pdl: launch with the programmatic-dependent-launch attribute
-// (fast_launch.cuh; p.prefetch_before_wait then lets the kernel prefetch before its wait).
+// (fast_launch.cuh). p.prefetch_before_wait (set only together with pdl) lets the kernel prefetch
+// its slice before the wait.
 template <class StateT, int kHeadDim, bool kSingleToken, int kGroups>
 Status launch_staged(const RecurrentKernelParams& p, cudaStream_t stream, bool pdl);
 
 // Fast single-column V-first decode (config.h, FastDecodeParams), pdl: launch with the
-// programmatic-dependent-launch attribute (fast_launch.cuh; FastFlags::kPrefetchBeforeWait in
-// p.flags then lets the direct kernel prefetch before its wait).
+// programmatic-dependent-launch attribute (fast_launch.cuh). FastFlags::kPrefetchBeforeWait in
+// p.flags (set only together with pdl) lets the direct kernel prefetch its rows before the wait.
 // direct.cuh: kRowsPerWarp (8 or 4) value rows per warp, 4 warps per CTA; K = V = 64 or 128.
 template <class StateT, int kHeadDim, int kRowsPerWarp>
 Status launch_direct(const FastDecodeParams& p, cudaStream_t stream, bool pdl);
