@@ -5,7 +5,7 @@
 # results go to $OUT; a short table is printed last.
 # Usage: scripts/gpu_suite.sh [--no-tests] [--no-bench] [--prefill-only] [--skip TEST_BINARY]...
 # [extra args for the prefill bench]. --prefill-only runs the prefill tests (default path, segments,
-# pool, sanitizers on segments) and the prefill benchmark alone. --skip leaves out one test binary (e.g. kdakit_decode_tests, whose 700 variant
+# pool, sanitizers on segments) and the prefill benchmark alone. --skip leaves out one test binary (e.g. kdakit_decode_tests, whose ~540 variant
 # cases tests/cpp/decode/run_on_gpu.sh runs) to fit a device call's time limit.
 set -uo pipefail
 cd "$(dirname "$0")/.."
