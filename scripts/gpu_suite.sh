@@ -44,14 +44,6 @@ if [ "$run_tests" = 1 ]; then
     echo "gtest $name rc=$? $(grep -E '^\[  (PASSED|FAILED|SKIPPED) ' "$out/logs/$name.log" | tr -s ' ' | tr '\n' ' ')" | tee -a "$summary"
     grep -E '^\[  FAILED  \].*\(' "$out/logs/$name.log" | head -5
   done
-  # The two-kernel path with the 16-warp prep CTA (KDAKIT_PREP_WARPS=16, not the default yet) on
-  # every case; prefill_prep_test already runs both shapes against the float64 workspace.
-  for t in prefill_gpu_test prefill_pool_gpu_test; do
-    KDAKIT_PREFILL_PATH=chunked KDAKIT_PREP_WARPS=16 timeout 300 "$stage/bin/$t" --gtest_brief=1 \
-      --gtest_filter='-*PrefillSegmentsGpu*' >"$out/logs/${t}_prep16.log" 2>&1
-    echo "gtest $t[prep 16 warps] rc=$? $(grep -E '^\[  (PASSED|FAILED|SKIPPED) ' "$out/logs/${t}_prep16.log" | tr -s ' ' | tr '\n' ' ')" | tee -a "$summary"
-    grep -E '^\[  FAILED  \].*\(' "$out/logs/${t}_prep16.log" | head -3
-  done
   # The fused kernel on every case, with one and with two consumer warpgroups (the dispatcher
   # takes it only for batches of short sequences).
   for c in $([ "$prefill_only" = 1 ] || echo 1 2); do

@@ -3,9 +3,8 @@
 // of every chunk block as a relative L2 error over all blocks, with the zero padding of partial
 // chunks checked bit for bit and the blocks past the chunk total left untouched.
 //
-// Each case draws fresh random inputs (seed printed on failure; KDAKIT_TEST_SEED replays) and runs
-// on both CTA shapes of the prep kernel (8 and 16 warps, config.h WarpShape), or on the one
-// KDAKIT_PREP_WARPS names. Without a CUDA device the tests skip.
+// Each case draws fresh random inputs (seed printed on failure; KDAKIT_TEST_SEED replays).
+// Without a CUDA device the tests skip.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -324,7 +323,7 @@ void check_tensors_once(const PrefillCase& c, PrefillTensors& t, bool check_twic
     ASSERT_EQ(ws[b], kPoison) << "byte " << b - written_end << " past the chunk total was written";
   }
   for (const ArrayError* a : {&err.qt, &err.w, &err.kh, &err.m, &err.u0, &err.decay}) {
-    std::printf("    [%s %d warps] %s\n", c.name.c_str(), pf::prep::prep_warps(), a->str().c_str());
+    std::printf("    [%s] %s\n", c.name.c_str(), a->str().c_str());
     EXPECT_EQ(a->nonfinite, 0) << a->name << ": non-finite outputs";
     EXPECT_EQ(a->padding_bad, 0) << a->name << ": padding entries that are not +0";
     EXPECT_LE(a->rel(), a->bar) << a->str();
@@ -339,19 +338,8 @@ void check_tensors_once(const PrefillCase& c, PrefillTensors& t, bool check_twic
   }
 }
 
-// Both CTA shapes, or only the one KDAKIT_PREP_WARPS names when it is set.
 void check_tensors(const PrefillCase& c, PrefillTensors& t, bool check_twice = false) {
-  if (std::getenv("KDAKIT_PREP_WARPS") != nullptr) {
-    check_tensors_once(c, t, check_twice);
-    return;
-  }
-  for (const int warps : {8, 16}) {
-    SCOPED_TRACE("prep CTA of " + std::to_string(warps) + " warps");
-    pf::prep::set_prep_warps(warps);
-    check_tensors_once(c, t, check_twice);
-    pf::prep::set_prep_warps(0);
-    if (::testing::Test::HasFatalFailure()) return;
-  }
+  check_tensors_once(c, t, check_twice);
 }
 
 void check_case(const PrefillCase& c, Rng& rng, bool check_twice = false) {

@@ -1,8 +1,7 @@
 // Times the prep kernel alone and the whole chunked prefill (sm90::run_prefill: plan + prep +
-// recurrence) on random bf16 inputs, for both CTA shapes of the prep kernel (8 and 16 warps,
-// config.h WarpShape; set_prep_warps), on the same inputs. Not a test: a tool for device runs.
+// recurrence) on random bf16 inputs. Not a test: a tool for device runs.
 // Usage: prefill_prep_timing [repeats]
-// Output: one line per case and shape, "PREP_TIMING warps=W case=NAME prep_ms=X prefill_ms=Y pairs=P".
+// Output: one line per case, "PREP_TIMING case=NAME prep_ms=X prefill_ms=Y pairs=P".
 // The case "H1 fixed 8448" has 132 (chunk, head) pairs, one per SM of an H200: its prep time is
 // about the latency of one CTA (plus the launch), the figure a fused prep + recurrence needs.
 #include <cuda_runtime.h>
@@ -177,16 +176,12 @@ int main(int argc, char** argv) {
       return ms[ms.size() / 2];
     };
     if (!pf::launch_prefill_plan(p, w, ws, stream).ok()) return 1;
-    for (const int warps : {8, 16}) {
-      pf::prep::set_prep_warps(warps);
-      const double prep = median_ms([&] { return pf::launch_prefill_prep(p, w, ws, stream); });
-      const double full = median_ms([&] { return kdakit::sm90::run_prefill(p, stream); });
-      CHECK_CUDA(cudaStreamSynchronize(stream));
-      std::printf("PREP_TIMING warps=%d case=%s prep_ms=%.4f prefill_ms=%.4f pairs=%lld\n", warps, c.name.c_str(), prep,
-                  full, (long long)(w.max_chunks * c.HV));
-      std::fflush(stdout);
-    }
-    pf::prep::set_prep_warps(0);
+    const double prep = median_ms([&] { return pf::launch_prefill_prep(p, w, ws, stream); });
+    const double full = median_ms([&] { return kdakit::sm90::run_prefill(p, stream); });
+    CHECK_CUDA(cudaStreamSynchronize(stream));
+    std::printf("PREP_TIMING case=%s prep_ms=%.4f prefill_ms=%.4f pairs=%lld\n", c.name.c_str(), prep, full,
+                (long long)(w.max_chunks * c.HV));
+    std::fflush(stdout);
     for (void* ptr : {q, k, v, g, b, dalog, ddt, dcu, o, state, ws}) CHECK_CUDA(cudaFree(ptr));
   }
   return 0;

@@ -20,32 +20,18 @@ inline constexpr int kPlanThreads = 512;  // 128 registers per thread: the 64-bi
 // ------------------------------------------------------------------------------------------
 // Prep kernel: one CTA per (chunk, value head).
 // ------------------------------------------------------------------------------------------
+// 8 warps: the elementwise phase gives each thread 4 rows x 8 key channels (64 x 128 / 256),
+// and the L/M product phase gives each warp one (16-row sub-block, matrix) pair (4 x 2).
+inline constexpr int kWarps = 8;
+inline constexpr int kThreads = kWarps * 32;
 inline constexpr int kSubBlock = 16;                  // rows of an mma tile
 inline constexpr int kSubBlocks = kChunk / kSubBlock;  // 4
+inline constexpr int kRowsPerThread = 4;               // elementwise phase
 inline constexpr int kChannelsPerThread = 8;           // one 16-byte bf16 vector
-
-// Warps per CTA: 8 (the default) or 16 (KDAKIT_PREP_WARPS=16, launch.cu). Both shapes compute the
-// same block; 16 warps halve every warp's share so that, at the 64 registers two 512-thread CTAs
-// per SM leave, twice the warps hide each other's dependency chains
-// (docs/design/20261129-prefill.md, "what a faster prep kernel has to change").
-//   8 warps: thread = 4 rows x 8 channels (2 channel groups per warp) in the elementwise phase,
-//            one warp per (16-row sub-block, L or M) in the product phase, W / U0 in 32 columns;
-//   16 warps: 2 rows x 8 channels (one group per warp), two warps per (sub-block, matrix), each
-//            taking every other 16-column tile, W / U0 in 16 columns.
-template <int kW>
-struct WarpShape {
-  static_assert(kW == 8 || kW == 16, "the prep kernel has 8- and 16-warp shapes");
-  static constexpr int kThreads = kW * 32;
-  static constexpr int kRowsPerThread = kW == 8 ? 4 : 2;
-  static constexpr int kChannelGroups = kW == 8 ? 2 : 1;
-  static constexpr int kSplit = kW / 8;
-  static_assert(kThreads * kRowsPerThread * kChannelsPerThread == kChunk * kHeadDim,
-                "the elementwise phase must cover the 64 x 128 chunk exactly once");
-  static_assert(kW * kChannelsPerThread * kChannelGroups == kHeadDim,
-                "the warps' 8-channel groups must tile the 128 key channels");
-  static_assert(kSubBlock % kRowsPerThread == 0, "a thread's rows must lie in one sub-block");
-};
-inline constexpr int kMaxWarps = 16;
+static_assert(kThreads * kRowsPerThread * kChannelsPerThread == kChunk * kHeadDim,
+              "the elementwise phase must cover the 64 x 128 chunk exactly once");
+static_assert(kWarps == 2 * kSubBlocks, "the L/M phase maps one warp to each (sub-block, matrix)");
+static_assert(kSubBlock % kRowsPerThread == 0, "a thread's rows must lie in one sub-block");
 
 // Diagonal tiles of L and M use the sub-block's midpoint as exponent reference, so both factors
 // are at most 2^(span / 2), span = c_{R-1} - c_R (base-2 gate sum over the 16 rows). 192 keeps
@@ -83,7 +69,7 @@ struct SharedMemoryPlan {
   static constexpr size_t kWideListOffset = kMaskOffset + kSubBlocks * (kHeadDim / 32) * 4;
   static constexpr size_t kWideCountOffset = kWideListOffset + kSubBlocks * kHeadDim;
   static constexpr size_t kBytes = kWideCountOffset + kSubBlocks * 4;
-  // Overlays. The norm partial sums [2][kW warps][64] fp32 live in kB before kB is written.
+  // Overlays. The norm partial sums [2][8 warps][64] fp32 live in kB before kB is written.
   static constexpr size_t kNormOffset = kKbOffset;
   // Phase 3 (after the L/M products): L, T fp32 [64][kLdF], then the T diag(beta) hi/lo tiles,
   // all in the qA/kA/kB space.
@@ -96,7 +82,7 @@ struct SharedMemoryPlan {
   static constexpr size_t kTbHiOffset = kTOffset + kF32Tile;
   static constexpr size_t kTbLoOffset = kTbHiOffset + size_t(kChunk) * kChunk * 2;
 };
-static_assert(SharedMemoryPlan::kNormOffset + 2 * kMaxWarps * kChunk * 4 <= SharedMemoryPlan::kRowScaleOffset,
+static_assert(SharedMemoryPlan::kNormOffset + 2 * kWarps * kChunk * 4 <= SharedMemoryPlan::kRowScaleOffset,
               "norm partials must fit in the kB space");
 static_assert(SharedMemoryPlan::kTbLoOffset + kChunk * kChunk * 2 <= SharedMemoryPlan::kRowScaleOffset,
               "the T diag(beta) hi/lo tiles must fit in the kB space");

@@ -21,8 +21,6 @@
 //   T = (I + diag(beta) L)^-1,  W = T diag(beta) Kt,  U0 = T diag(beta) V.
 //
 // Warp roles and phases (one CTA, 8 warps, __syncthreads between phases):
-// Warp roles below are those of the 8-warp CTA; the 16-warp one (config.h, WarpShape) halves each
-// warp's share: 2 rows x 8 channels per thread, two warps per L/M job, 16 W/U0 columns per warp.
 //   1. q, k, V -> shared by cp.async (q and k into the A^M, A^L tiles). Thread (warp w,
 //      lane 2 rq + co) owns rows 4 rq .. 4 rq + 3 and channels 16 w + 8 co .. + 7: 16-byte
 //      loads of g, gate and running sum in registers (local sum + shuffle scan over the 16 row
@@ -75,16 +73,12 @@ using common::tc_offdiag_row;
 // Prep kernel helpers
 // ------------------------------------------------------------------------------------------
 
-// Byte offset of 16-byte chunk `chunk` of row `row` in a bf16 [rows][128] shared array, for
-// the kW-warp CTA. NOTE: both XOR keys are bijections on any 8 aligned rows (ldmatrix reads 8
-// consecutive rows at one logical chunk) and on the rows a quarter-warp touches at one chunk in
-// the elementwise phase: (row ^ row / 4) mod 8 on rows 4 rq + j (8 warps, two chunks per warp),
-// (row ^ row / 8) mod 8 on rows 2 lane + j (16 warps, one chunk per warp; the first key gives
-// 2-way conflicts there). So every such access hits 8 distinct bank groups.
-template <int kW>
+// Byte offset of 16-byte chunk `chunk` of row `row` in a bf16 [rows][128] shared array.
+// NOTE: the XOR key (row ^ row / 4) mod 8 is a bijection on any 8 aligned rows (ldmatrix
+// reads 8 consecutive rows at one logical chunk) and also on rows 4 rq + j, rq = 0..7 (the
+// elementwise phase's pattern), so both access 8 distinct bank groups.
 __device__ __forceinline__ uint32_t swz(int row, int chunk) {
-  constexpr int kShift = kW == 8 ? 2 : 3;
-  return uint32_t(row) * 256u + (uint32_t(chunk ^ ((row ^ (row >> kShift)) & 7)) << 4);
+  return uint32_t(row) * 256u + (uint32_t(chunk ^ ((row ^ (row >> 2)) & 7)) << 4);
 }
 
 __device__ __forceinline__ void unpack8(const uint4& raw, float (&out)[8]) {
@@ -125,15 +119,10 @@ __device__ __forceinline__ uint4 pack8(const float (&x)[8]) {
 // ------------------------------------------------------------------------------------------
 // Prep kernel
 // ------------------------------------------------------------------------------------------
-template <GateMode kGate, typename GT, int kW>
-__global__ void __launch_bounds__(kW * 32, 2) kda_prefill_prep_sm90_kernel(const __grid_constant__ PrepParams p) {
+template <GateMode kGate, typename GT>
+__global__ void __launch_bounds__(kThreads, 2) kda_prefill_prep_sm90_kernel(const __grid_constant__ PrepParams p) {
   using Plan = SharedMemoryPlan;
   using Layout = ChunkBlockLayout;
-  using Shape = WarpShape<kW>;
-  constexpr int kT = Shape::kThreads;
-  constexpr int kRows = Shape::kRowsPerThread;
-  constexpr int kCo = Shape::kChannelGroups;  // 8-channel groups per warp in phase 1
-  constexpr int kSplit = Shape::kSplit;       // warps per (sub-block, matrix) job in phase 2
   extern __shared__ __align__(128) unsigned char smem[];
 
   // NOTE: value heads vary fastest, so the CTAs in flight read the rows of all heads of the
@@ -159,8 +148,8 @@ __global__ void __launch_bounds__(kW * 32, 2) kda_prefill_prep_sm90_kernel(const
   int* wide_count = reinterpret_cast<int*>(smem + Plan::kWideCountOffset);  // and counts [4]
   const float max_span = max_diag_span(p.use_qk_l2norm);
   float* bound = reinterpret_cast<float*>(smem + Plan::kBoundOffset);     // c_R [4][128]
-  float* norm_q = reinterpret_cast<float*>(smem + Plan::kNormOffset);     // [kW warps][64]
-  float* norm_k = norm_q + kW * kChunk;
+  float* norm_q = reinterpret_cast<float*>(smem + Plan::kNormOffset);     // [8 warps][64]
+  float* norm_k = norm_q + kWarps * kChunk;
 
   const __nv_bfloat16* qg = static_cast<const __nv_bfloat16*>(p.q) + brow * p.stride_q_b + tok0 * p.stride_q_t +
                             int64_t(hk) * p.stride_q_h;
@@ -173,10 +162,10 @@ __global__ void __launch_bounds__(kW * 32, 2) kda_prefill_prep_sm90_kernel(const
     const __nv_bfloat16* vg = static_cast<const __nv_bfloat16*>(p.v) + brow * p.stride_v_b + tok0 * p.stride_v_t +
                               int64_t(h) * p.stride_v_h;
 #pragma unroll
-    for (int u = 0; u < kChunk * 16 / kT; ++u) {
-      const int c = tid + u * kT;
+    for (int u = 0; u < kChunk * 16 / kThreads; ++u) {
+      const int c = tid + u * kThreads;
       const int r = c >> 4, ch = c & 15;
-      const uint32_t off = swz<kW>(r, ch);
+      const uint32_t off = swz(r, ch);
       if (r < len) {
         kdakit::cuda::cp_async_16(kdakit::cuda::smem_u32(smem + Plan::kQaOffset + off), qg + int64_t(r) * p.stride_q_t + ch * 8);
         kdakit::cuda::cp_async_16(kdakit::cuda::smem_u32(smem + Plan::kKaOffset + off), kg + int64_t(r) * p.stride_k_t + ch * 8);
@@ -191,15 +180,13 @@ __global__ void __launch_bounds__(kW * 32, 2) kda_prefill_prep_sm90_kernel(const
   }
 
   // ---- Phase 1b: gate and running sum (registers), beta, then norms ----------------------
-  // Thread (warp, lane = kCo rq + co) owns rows kRows rq .. + kRows - 1 and channels
-  // 8 (kCo warp + co) .. + 7.
-  const int rq = lane >> (kCo - 1), co = lane & (kCo - 1);  // kCo is 1 or 2
-  const int r0 = rq * kRows;              // first of the thread's rows
+  const int rq = lane >> 1, co = lane & 1;
+  const int r0 = rq * kRowsPerThread;     // first of the thread's 4 rows
   const int R = r0 / kSubBlock;           // their sub-block
-  const int c0 = warp * 8 * kCo + co * 8;  // first of the thread's 8 channels
+  const int c0 = warp * 16 + co * 8;      // first of the thread's 8 channels
   const int ch0 = c0 >> 3;                // their 16-byte chunk
 
-  float b2[kRows][8];
+  float b2[kRowsPerThread][8];
   {
     float a = 1.f;
     if constexpr (kGate == GateMode::kSoftplus) a = -expf(p.A_log[h]);
@@ -219,7 +206,7 @@ __global__ void __launch_bounds__(kW * 32, 2) kda_prefill_prep_sm90_kernel(const
     }
     const GT* gg = static_cast<const GT*>(p.g) + brow * p.stride_g_b + tok0 * p.stride_g_t + int64_t(h) * p.stride_g_h;
 #pragma unroll
-    for (int j = 0; j < kRows; ++j) {
+    for (int j = 0; j < kRowsPerThread; ++j) {
       const int r = r0 + j;
       const bool valid = r < len;
       float gv[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
@@ -237,37 +224,34 @@ __global__ void __launch_bounds__(kW * 32, 2) kda_prefill_prep_sm90_kernel(const
       }
     }
   }
-  // Running sum: kRows local rows, then a scan over the 32 / kCo row groups (lanes of equal co).
+  // Running sum: 4 local rows, then a scan over the 16 row groups (lanes of equal co).
 #pragma unroll
-  for (int j = 1; j < kRows; ++j) {
+  for (int j = 1; j < kRowsPerThread; ++j) {
 #pragma unroll
     for (int e = 0; e < 8; ++e) b2[j][e] += b2[j - 1][e];
   }
 #pragma unroll
   for (int e = 0; e < 8; ++e) {
-    float incl = b2[kRows - 1][e];
+    float incl = b2[kRowsPerThread - 1][e];
 #pragma unroll
-    for (int d = 1; d < 32 / kCo; d *= 2) {
-      const float y = __shfl_up_sync(0xffffffffu, incl, kCo * d);
+    for (int d = 1; d < 16; d *= 2) {
+      const float y = __shfl_up_sync(0xffffffffu, incl, 2 * d);
       if (rq >= d) incl += y;
     }
-    float excl = __shfl_up_sync(0xffffffffu, incl, kCo);
+    float excl = __shfl_up_sync(0xffffffffu, incl, 2);
     if (rq == 0) excl = 0.f;
 #pragma unroll
-    for (int j = 0; j < kRows; ++j) b2[j][e] += excl;
+    for (int j = 0; j < kRowsPerThread; ++j) b2[j][e] += excl;
   }
-  constexpr int kGroupsPerSub = kSubBlock / kRows;  // row groups per 16-row sub-block
-  if ((rq & (kGroupsPerSub - 1)) == kGroupsPerSub - 1) {  // the last row of a sub-block: its b2 is c_R
+  if ((rq & 3) == 3) {  // the last row of a sub-block: its b2 is the boundary c_R
     float* dst = bound + R * kHeadDim + c0;
-    const float* last = b2[kRows - 1];
-    *reinterpret_cast<float4*>(dst) = make_float4(last[0], last[1], last[2], last[3]);
-    *reinterpret_cast<float4*>(dst + 4) = make_float4(last[4], last[5], last[6], last[7]);
+    *reinterpret_cast<float4*>(dst) = make_float4(b2[3][0], b2[3][1], b2[3][2], b2[3][3]);
+    *reinterpret_cast<float4*>(dst + 4) = make_float4(b2[3][4], b2[3][5], b2[3][6], b2[3][7]);
   }
-  if (rq == 32 / kCo - 1) {  // decay = exp2(b2 of the last row)
+  if (rq == 15) {  // decay = exp2(b2 of the last row)
     float4* dst = reinterpret_cast<float4*>(reinterpret_cast<float*>(blk + Layout::kDecayOffset) + c0);
-    const float* last = b2[kRows - 1];
-    dst[0] = make_float4(fast_exp2(last[0]), fast_exp2(last[1]), fast_exp2(last[2]), fast_exp2(last[3]));
-    dst[1] = make_float4(fast_exp2(last[4]), fast_exp2(last[5]), fast_exp2(last[6]), fast_exp2(last[7]));
+    dst[0] = make_float4(fast_exp2(b2[3][0]), fast_exp2(b2[3][1]), fast_exp2(b2[3][2]), fast_exp2(b2[3][3]));
+    dst[1] = make_float4(fast_exp2(b2[3][4]), fast_exp2(b2[3][5]), fast_exp2(b2[3][6]), fast_exp2(b2[3][7]));
   }
   if (tid < kChunk) {
     float b = 0.f;
@@ -281,22 +265,20 @@ __global__ void __launch_bounds__(kW * 32, 2) kda_prefill_prep_sm90_kernel(const
   }
   kdakit::cuda::cp_async_wait_all();
   __syncthreads();
-  // Norm partial sums: 8 channels here, the co group by shuffle, kW warps in shared memory.
+  // Norm partial sums: 8 channels here, the co pair by shuffle, 8 warps in shared memory.
 #pragma unroll
-  for (int j = 0; j < kRows; ++j) {
+  for (int j = 0; j < kRowsPerThread; ++j) {
     float qf[8], kf[8];
-    unpack8(*reinterpret_cast<const uint4*>(smem + Plan::kQaOffset + swz<kW>(r0 + j, ch0)), qf);
-    unpack8(*reinterpret_cast<const uint4*>(smem + Plan::kKaOffset + swz<kW>(r0 + j, ch0)), kf);
+    unpack8(*reinterpret_cast<const uint4*>(smem + Plan::kQaOffset + swz(r0 + j, ch0)), qf);
+    unpack8(*reinterpret_cast<const uint4*>(smem + Plan::kKaOffset + swz(r0 + j, ch0)), kf);
     float sq = 0.f, sk = 0.f;
 #pragma unroll
     for (int e = 0; e < 8; ++e) {
       sq += qf[e] * qf[e];
       sk += kf[e] * kf[e];
     }
-    if constexpr (kCo == 2) {
-      sq += __shfl_xor_sync(0xffffffffu, sq, 1);
-      sk += __shfl_xor_sync(0xffffffffu, sk, 1);
-    }
+    sq += __shfl_xor_sync(0xffffffffu, sq, 1);
+    sk += __shfl_xor_sync(0xffffffffu, sk, 1);
     if (co == 0) {
       norm_q[warp * kChunk + r0 + j] = sq;
       norm_k[warp * kChunk + r0 + j] = sk;
@@ -306,16 +288,16 @@ __global__ void __launch_bounds__(kW * 32, 2) kda_prefill_prep_sm90_kernel(const
   if (tid < kChunk) {
     float sq = 0.f, sk = 0.f;
 #pragma unroll
-    for (int w = 0; w < kW; ++w) {
+    for (int w = 0; w < kWarps; ++w) {
       sq += norm_q[w * kChunk + tid];
       sk += norm_k[w * kChunk + tid];
     }
     row_q[tid] = (p.use_qk_l2norm ? kdakit::cuda::l2norm_scale(sq) : 1.f) * p.scale;
     row_k[tid] = p.use_qk_l2norm ? kdakit::cuda::l2norm_scale(sk) : 1.f;
-  } else if (warp >= kW - kSubBlocks) {
-    // Wide-span channels of sub-block Rb = warp - (kW - 4): masks (one 32-bit word per 32
-    // channels) and the ascending list of their indices, from one ballot per word.
-    const int Rb = warp - (kW - kSubBlocks);
+  } else if (warp >= kWarps - kSubBlocks) {
+    // Wide-span channels of sub-block Rb = warp - 4: masks (one 32-bit word per 32 channels)
+    // and the ascending list of their indices, from one ballot per word.
+    const int Rb = warp - (kWarps - kSubBlocks);
     int count = 0;
 #pragma unroll
     for (int wd = 0; wd < kHeadDim / 32; ++wd) {
@@ -341,38 +323,32 @@ __global__ void __launch_bounds__(kW * 32, 2) kda_prefill_prep_sm90_kernel(const
     // NOTE: factors that may exceed 1 (the diagonal tile's) are one exp2 of the summed
     // exponent: a product E * 2^(span/2) would lose values whose E alone underflows.
     {
-      float kfr[kRows][8];  // kn F, F = exp2(c_R - b2) <= 1
+      float kfr[kRowsPerThread][8];  // kn F, F = exp2(c_R - b2) <= 1
       float kh_fac[8], m_cur[8];
 #pragma unroll
       for (int e = 0; e < 8; ++e) {
-        // NOTE: the 16-warp shape (64 registers) forms Kh from one exponential instead of
-        // keeping these 8 factors live (exp2(c_3 - b2) <= 1 either way).
-        if constexpr (kW == 8) kh_fac[e] = fast_exp2(bound[3 * kHeadDim + c0 + e] - c_cur[e]);
+        kh_fac[e] = fast_exp2(bound[3 * kHeadDim + c0 + e] - c_cur[e]);
         const float cp = R == 0 ? 0.f : c_prev[e];
         const float span = cp - c_cur[e];
         m_cur[e] = span <= max_span ? cp - 0.5f * span : -INFINITY;  // -inf: left to the per-element path
       }
       float* scratch = reinterpret_cast<float*>(blk + Layout::kU0Offset);  // b2 of wide-span channels
 #pragma unroll
-      for (int j = 0; j < kRows; ++j) {
+      for (int j = 0; j < kRowsPerThread; ++j) {
         const int r = r0 + j;
         float kn[8], kh[8], kd[8];
-        unpack8(*reinterpret_cast<const uint4*>(smem + Plan::kKaOffset + swz<kW>(r, ch0)), kn);
+        unpack8(*reinterpret_cast<const uint4*>(smem + Plan::kKaOffset + swz(r, ch0)), kn);
         const float sk = row_k[r];
 #pragma unroll
         for (int e = 0; e < 8; ++e) {
           kn[e] *= sk;
           kfr[j][e] = kn[e] * fast_exp2(c_cur[e] - b2[j][e]);
-          if constexpr (kW == 8) {
-            kh[e] = kfr[j][e] * kh_fac[e];
-          } else {
-            kh[e] = kn[e] * fast_exp2(bound[3 * kHeadDim + c0 + e] - b2[j][e]);
-          }
+          kh[e] = kfr[j][e] * kh_fac[e];
           kd[e] = kn[e] * fast_exp2(m_cur[e] - b2[j][e]);  // exp2(m_R - b2) <= 2^96, or 0
           if (m_cur[e] == -INFINITY) scratch[r * kHeadDim + c0 + e] = b2[j][e];
         }
         *reinterpret_cast<uint4*>(blk + Layout::kKhOffset + size_t(r) * 256 + c0 * 2) = pack8(kh);
-        *reinterpret_cast<uint4*>(smem + Plan::kKbOffset + swz<kW>(kb_row_offset(R) + r, ch0)) = pack8(kd);
+        *reinterpret_cast<uint4*>(smem + Plan::kKbOffset + swz(kb_row_offset(R) + r, ch0)) = pack8(kd);
       }
 #pragma unroll
       for (int Rb = 1; Rb < kSubBlocks; ++Rb) {
@@ -386,11 +362,11 @@ __global__ void __launch_bounds__(kW * 32, 2) kda_prefill_prep_sm90_kernel(const
             b_fac[e] = fast_exp2(m - c_cur[e]);  // m_{R'} <= c_{R'-1} <= c_R: at most 1
           }
 #pragma unroll
-          for (int j = 0; j < kRows; ++j) {
+          for (int j = 0; j < kRowsPerThread; ++j) {
             float kb[8];
 #pragma unroll
             for (int e = 0; e < 8; ++e) kb[e] = kfr[j][e] * b_fac[e];
-            *reinterpret_cast<uint4*>(smem + Plan::kKbOffset + swz<kW>(kb_row_offset(Rb) + r0 + j, ch0)) = pack8(kb);
+            *reinterpret_cast<uint4*>(smem + Plan::kKbOffset + swz(kb_row_offset(Rb) + r0 + j, ch0)) = pack8(kb);
           }
         }
       }
@@ -406,9 +382,9 @@ __global__ void __launch_bounds__(kW * 32, 2) kda_prefill_prep_sm90_kernel(const
       m_cur[e] = span <= max_span ? cp - 0.5f * span : cp;
     }
 #pragma unroll
-    for (int j = 0; j < kRows; ++j) {
+    for (int j = 0; j < kRowsPerThread; ++j) {
       const int r = r0 + j;
-      const uint32_t off = swz<kW>(r, ch0);
+      const uint32_t off = swz(r, ch0);
       float qn[8], kn[8], fq[8], fa[8], out[8];
       unpack8(*reinterpret_cast<const uint4*>(smem + Plan::kQaOffset + off), qn);
       unpack8(*reinterpret_cast<const uint4*>(smem + Plan::kKaOffset + off), kn);
@@ -436,32 +412,28 @@ __global__ void __launch_bounds__(kW * 32, 2) kda_prefill_prep_sm90_kernel(const
   }
   __syncthreads();
 
-  // ---- Phase 2: L and M on tensor cores ------------------------------------------------------
-  // Job = warp % 8: sub-block Rw = job % 4 of L (job < 4) or M. With kSplit = 2 warps per job,
-  // warp part = warp / 8 takes the 16-column tiles np of the job with np % 2 == part.
+  // ---- Phase 2: L (warps 0-3) and M (warps 4-7) on tensor cores ---------------------------
   const int g = lane >> 2, t = lane & 3;
-  const int job = kSplit == 1 ? warp : warp & 7, part = kSplit == 1 ? 0 : warp >> 3;
-  const int Rw = job & 3;
-  constexpr int kTiles = 8 / kSplit;  // n8 tiles of a warp
-  float acc[kTiles][4];
+  const int Rw = warp & 3;
+  float acc[8][4];
 #pragma unroll
-  for (int i = 0; i < kTiles; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
+  for (int i = 0; i < 8; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
   {
-    const unsigned char* a_base = smem + (job < 4 ? Plan::kKaOffset : Plan::kQaOffset);
+    const unsigned char* a_base = smem + (warp < 4 ? Plan::kKaOffset : Plan::kQaOffset);
     const unsigned char* b_base = smem + Plan::kKbOffset;
     const int b_row0 = kb_row_offset(Rw);
 #pragma unroll
     for (int ks = 0; ks < kHeadDim / 16; ++ks) {
       uint32_t a[4];
-      kdakit::cuda::ldmatrix_x4(a, kdakit::cuda::smem_u32(a_base + swz<kW>(kSubBlock * Rw + (lane & 15), 2 * ks + (lane >> 4))));
+      kdakit::cuda::ldmatrix_x4(a, kdakit::cuda::smem_u32(a_base + swz(kSubBlock * Rw + (lane & 15), 2 * ks + (lane >> 4))));
 #pragma unroll
       for (int np = 0; np < kSubBlocks; ++np) {
-        if (np <= Rw && np % kSplit == part) {
+        if (np <= Rw) {
           uint32_t b[4];
           const int row = b_row0 + 16 * np + (lane & 7) + ((lane >> 4) << 3);
-          kdakit::cuda::ldmatrix_x4(b, kdakit::cuda::smem_u32(b_base + swz<kW>(row, 2 * ks + ((lane >> 3) & 1))));
-          kdakit::cuda::mma_bf16_16816(acc[2 * (np / kSplit)], a, b[0], b[1]);
-          kdakit::cuda::mma_bf16_16816(acc[2 * (np / kSplit) + 1], a, b[2], b[3]);
+          kdakit::cuda::ldmatrix_x4(b, kdakit::cuda::smem_u32(b_base + swz(row, 2 * ks + ((lane >> 3) & 1))));
+          kdakit::cuda::mma_bf16_16816(acc[2 * np], a, b[0], b[1]);
+          kdakit::cuda::mma_bf16_16816(acc[2 * np + 1], a, b[2], b[3]);
         }
       }
     }
@@ -472,19 +444,17 @@ __global__ void __launch_bounds__(kW * 32, 2) kda_prefill_prep_sm90_kernel(const
   float* Lf = reinterpret_cast<float*>(smem + Plan::kLOffset);
   float* Tf = reinterpret_cast<float*>(smem + Plan::kTOffset);
   {
-    float* dst = job < 4 ? Lf : Tf;  // M lives in the T space until it is stored
-    const bool strict = job < 4;     // L is strictly lower, M includes the diagonal
+    float* dst = warp < 4 ? Lf : Tf;  // M lives in the T space until it is stored
+    const bool strict = warp < 4;     // L is strictly lower, M includes the diagonal
 #pragma unroll
     for (int nt = 0; nt < 8; ++nt) {
       // NOTE: L's blocks above the diagonal are never read; M's are stored as zeros.
-      if ((nt >> 1) % kSplit != part) continue;
       if (strict && (nt >> 1) > Rw) continue;
-      const int slot = 2 * ((nt >> 1) / kSplit) + (nt & 1);
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
         const int r = kSubBlock * Rw + g + 8 * half;
         const int s = 8 * nt + 2 * t;
-        float x0 = acc[slot][2 * half], x1 = acc[slot][2 * half + 1];
+        float x0 = acc[nt][2 * half], x1 = acc[nt][2 * half + 1];
         if ((nt >> 1) == Rw) {  // diagonal tile: entries above it may be inf, so select
           x0 = (strict ? s < r : s <= r) ? x0 : 0.f;
           x1 = (strict ? s + 1 < r : s + 1 <= r) ? x1 : 0.f;
@@ -502,8 +472,7 @@ __global__ void __launch_bounds__(kW * 32, 2) kda_prefill_prep_sm90_kernel(const
   if (any_wide != 0u) {
     const int rl = tid >> 4, sl = tid & 15;
     const float* scratch = reinterpret_cast<const float*>(blk + Layout::kU0Offset);
-    // NOTE: threads 0..255 own the 16 x 16 entries; with 16 warps the others skip the loop.
-    for (int Rb = 0; Rb < ((kW == 8 || tid < 256) ? kSubBlocks : 0); ++Rb) {
+    for (int Rb = 0; Rb < kSubBlocks; ++Rb) {
       const int r = kSubBlock * Rb + rl, s = kSubBlock * Rb + sl;
       if (sl > rl || r >= len) continue;
       float dl = 0.f, dm = 0.f;
@@ -536,8 +505,8 @@ __global__ void __launch_bounds__(kW * 32, 2) kda_prefill_prep_sm90_kernel(const
     __syncthreads();
   }
 #pragma unroll
-  for (int u = 0; u < kChunk * 8 / kT; ++u) {  // M: 64 rows x 8 chunks of 8 bf16
-    const int c = tid + u * kT;
+  for (int u = 0; u < kChunk * 8 / kThreads; ++u) {  // M: 64 rows x 8 chunks of 8 bf16
+    const int c = tid + u * kThreads;
     const int r = c >> 3, ch = c & 7;
     const float4 lo = *reinterpret_cast<const float4*>(Tf + r * Plan::kLdF + ch * 8);
     const float4 hi = *reinterpret_cast<const float4*>(Tf + r * Plan::kLdF + ch * 8 + 4);
@@ -569,28 +538,26 @@ __global__ void __launch_bounds__(kW * 32, 2) kda_prefill_prep_sm90_kernel(const
   __syncthreads();
 
   // ---- Phase 5: W = T diag(beta) Kt, U0 = T diag(beta) V from the hi/lo tiles, balanced ----
-  // Warp w: product w / (4 kSplit) (0: W from Kt, 1: U0 from V), output columns kCols
-  // (w % (4 kSplit)) .. + kCols - 1 (kCols = 32 / kSplit), all 64 rows as two halves of two
-  // sub-blocks (32 / kSplit accumulators); T is lower triangular, so sub-block R needs k-steps
-  // 0..R. Every warp issues 80 / kSplit mma.
-  constexpr int kCols = 32 / kSplit, kNp = kCols / 16;
-  const int cb = kCols * (warp & (4 * kSplit - 1));
-  const bool is_u0 = warp >= 4 * kSplit;
+  // Warp w: product w / 4 (0: W from Kt, 1: U0 from V), output columns 32 (w % 4) .. + 31, all
+  // 64 rows as two halves of two sub-blocks (32 accumulators); T is lower triangular, so
+  // sub-block R needs k-steps 0..R. Every warp issues 80 mma.
+  const int cb = 32 * (warp & 3);
+  const bool is_u0 = warp >= 4;
   const unsigned char* b_tile = smem + (is_u0 ? Plan::kVOffset : Plan::kKtOffset);
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
-    float acc5[2][2 * kNp][4];
+    float acc5[2][4][4];
 #pragma unroll
     for (int i = 0; i < 2; ++i)
 #pragma unroll
-      for (int n = 0; n < 2 * kNp; ++n) acc5[i][n][0] = acc5[i][n][1] = acc5[i][n][2] = acc5[i][n][3] = 0.f;
+      for (int n = 0; n < 4; ++n) acc5[i][n][0] = acc5[i][n][1] = acc5[i][n][2] = acc5[i][n][3] = 0.f;
 #pragma unroll
     for (int ks = 0; ks < 2 * half + 2; ++ks) {
-      uint32_t bf[kNp][4];
+      uint32_t bf[2][4];
       const int brow = kSubBlock * ks + (lane & 7) + (((lane >> 3) & 1) << 3);
 #pragma unroll
-      for (int np = 0; np < kNp; ++np) {
-        kdakit::cuda::ldmatrix_x4_trans(bf[np], kdakit::cuda::smem_u32(b_tile + swz<kW>(brow, (cb + 16 * np) / 8 + (lane >> 4))));
+      for (int np = 0; np < 2; ++np) {
+        kdakit::cuda::ldmatrix_x4_trans(bf[np], kdakit::cuda::smem_u32(b_tile + swz(brow, (cb + 16 * np) / 8 + (lane >> 4))));
       }
 #pragma unroll
       for (int i = 0; i < 2; ++i) {
@@ -601,7 +568,7 @@ __global__ void __launch_bounds__(kW * 32, 2) kda_prefill_prep_sm90_kernel(const
           kdakit::cuda::ldmatrix_x4(ahi, kdakit::cuda::smem_u32(tb_hi + aoff));
           kdakit::cuda::ldmatrix_x4(alo, kdakit::cuda::smem_u32(tb_lo + aoff));
 #pragma unroll
-          for (int np = 0; np < kNp; ++np) {
+          for (int np = 0; np < 2; ++np) {
 #pragma unroll
             for (int j = 0; j < 2; ++j) {
               kdakit::cuda::mma_bf16_16816(acc5[i][2 * np + j], alo, bf[np][2 * j], bf[np][2 * j + 1]);
@@ -616,7 +583,7 @@ __global__ void __launch_bounds__(kW * 32, 2) kda_prefill_prep_sm90_kernel(const
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
 #pragma unroll
-      for (int n = 0; n < 2 * kNp; ++n) {
+      for (int n = 0; n < 4; ++n) {
 #pragma unroll
         for (int hr = 0; hr < 2; ++hr) {
           const int r = kSubBlock * (2 * half + i) + g + 8 * hr;
@@ -643,10 +610,10 @@ inline Status cuda_status(cudaError_t err, int line, const char* what) {
                                             ": " + cudaGetErrorString(err));
 }
 
-template <GateMode kGate, bool kGFp32, int kW>
+template <GateMode kGate, bool kGFp32>
 Status launch_prep_kernel(const PrepParams& params, int64_t max_chunks, cudaStream_t stream) {
   using GT = std::conditional_t<kGFp32, float, __nv_bfloat16>;
-  auto* kernel = &kda_prefill_prep_sm90_kernel<kGate, GT, kW>;
+  auto* kernel = &kda_prefill_prep_sm90_kernel<kGate, GT>;
   constexpr int kSmem = int(SharedMemoryPlan::kBytes);
   // NOTE: the attribute is per function and process; setting it once keeps the run path free
   // of repeated driver calls (it is not a device synchronisation either way).
@@ -663,7 +630,7 @@ Status launch_prep_kernel(const PrepParams& params, int64_t max_chunks, cudaStre
   if (ctas > int64_t(INT32_MAX)) {
     return Status(StatusCode::kUnsupported, "prefill prep: supports up to 2^31 - 1 (chunk, value head) pairs");
   }
-  kernel<<<unsigned(ctas), WarpShape<kW>::kThreads, kSmem, stream>>>(params);
+  kernel<<<unsigned(ctas), kThreads, kSmem, stream>>>(params);
   return cuda_status(cudaGetLastError(), __LINE__, "kda_prefill_prep_sm90_kernel launch");
 }
 

@@ -1,10 +1,7 @@
 // launch_prefill_prep: checks what the prep kernel supports, builds its kernel-side params
 // and picks the (gate, g dtype) instantiation. Runtime flags that do not change the inner loop
 // (norms, beta activation, scalar gate, beta dtype) stay runtime arguments.
-#include <atomic>
 #include <cstdint>
-#include <cstdlib>
-#include <cstring>
 #include <string>
 
 #include "api/check.h"
@@ -23,25 +20,6 @@ bool rows_aligned(const void* ptr, int64_t elems_per_16b, int64_t sb, int64_t st
 }
 
 }  // namespace
-
-namespace prep {
-namespace {
-std::atomic<int> warps_override{0};
-}  // namespace
-
-void set_prep_warps(int warps) { warps_override.store(warps == 8 || warps == 16 ? warps : 0); }
-
-// NOTE: 8 warps by default: the 16-warp shape (docs/design/20261129-prefill.md) is built and
-// tested against the same float64 workspace, not yet measured.
-int prep_warps() {
-  if (const int v = warps_override.load(); v != 0) return v;
-  static const int warps = [] {
-    const char* env = std::getenv("KDAKIT_PREP_WARPS");
-    return env != nullptr && std::strcmp(env, "16") == 0 ? 16 : 8;
-  }();
-  return warps;
-}
-}  // namespace prep
 
 Status launch_prefill_prep(const PrefillParams& p, const WorkspacePlan& w, void* workspace, cudaStream_t stream) {
   KDAKIT_CHECK(workspace != nullptr, kInvalidArgument, "prefill prep: workspace is null");
@@ -107,22 +85,19 @@ Status launch_prefill_prep(const PrefillParams& p, const WorkspacePlan& w, void*
       .lower_bound = p.lower_bound,
   };
   const bool g_fp32 = p.dtype_g == DType::kFloat32;
-  auto by_shape = [&]<int kW>() -> Status {
-    switch (p.gate) {
-      case GateMode::kPrecomputed:
-        return g_fp32 ? prep::launch_prep_kernel<GateMode::kPrecomputed, true, kW>(params, w.max_chunks, stream)
-                      : prep::launch_prep_kernel<GateMode::kPrecomputed, false, kW>(params, w.max_chunks, stream);
-      case GateMode::kSoftplus:
-        return g_fp32 ? prep::launch_prep_kernel<GateMode::kSoftplus, true, kW>(params, w.max_chunks, stream)
-                      : prep::launch_prep_kernel<GateMode::kSoftplus, false, kW>(params, w.max_chunks, stream);
-      case GateMode::kLowerBound:
-        return g_fp32 ? prep::launch_prep_kernel<GateMode::kLowerBound, true, kW>(params, w.max_chunks, stream)
-                      : prep::launch_prep_kernel<GateMode::kLowerBound, false, kW>(params, w.max_chunks, stream);
-    }
-    return Status(StatusCode::kUnsupported, "prefill prep: gate must be kPrecomputed, kSoftplus or kLowerBound, got " +
-                                                std::to_string(int(p.gate)));
-  };
-  return prep::prep_warps() == 16 ? by_shape.template operator()<16>() : by_shape.template operator()<8>();
+  switch (p.gate) {
+    case GateMode::kPrecomputed:
+      return g_fp32 ? prep::launch_prep_kernel<GateMode::kPrecomputed, true>(params, w.max_chunks, stream)
+                    : prep::launch_prep_kernel<GateMode::kPrecomputed, false>(params, w.max_chunks, stream);
+    case GateMode::kSoftplus:
+      return g_fp32 ? prep::launch_prep_kernel<GateMode::kSoftplus, true>(params, w.max_chunks, stream)
+                    : prep::launch_prep_kernel<GateMode::kSoftplus, false>(params, w.max_chunks, stream);
+    case GateMode::kLowerBound:
+      return g_fp32 ? prep::launch_prep_kernel<GateMode::kLowerBound, true>(params, w.max_chunks, stream)
+                    : prep::launch_prep_kernel<GateMode::kLowerBound, false>(params, w.max_chunks, stream);
+  }
+  return Status(StatusCode::kUnsupported, "prefill prep: gate must be kPrecomputed, kSoftplus or kLowerBound, got " +
+                                              std::to_string(int(p.gate)));
 }
 
 }  // namespace kdakit::sm90::prefill

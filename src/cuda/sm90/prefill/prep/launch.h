@@ -23,16 +23,9 @@ Status launch_prefill_prep(const PrefillParams& p, const WorkspacePlan& w, void*
 
 namespace prep {
 struct PrepParams;
-// One file per (gate, g dtype) in instantiations/, each with both CTA shapes: kGFp32 selects fp32
-// g, else bf16; kW = 8 or 16 warps (config.h, WarpShape).
-template <GateMode kGate, bool kGFp32, int kW>
+// One file per (gate, g dtype) in instantiations/: kGFp32 selects fp32 g, else bf16.
+template <GateMode kGate, bool kGFp32>
 Status launch_prep_kernel(const PrepParams& params, int64_t max_chunks, cudaStream_t stream);
-// Warps per prep CTA that launch_prefill_prep uses: set_prep_warps' value when set, else
-// KDAKIT_PREP_WARPS (8 or 16, read once), else 8.
-int prep_warps();
-// For tools and tests that run both shapes in one process: 8 or 16 overrides the choice above for
-// later launches, 0 removes the override. Not for concurrent use.
-void set_prep_warps(int warps);
 }  // namespace prep
 
 }  // namespace kdakit::sm90::prefill

@@ -1,7 +1,6 @@
-// Prep kernel, precomputed gate, bf16 g, both CTA shapes.
+// Prep kernel, precomputed gate, bf16 g.
 #include "cuda/sm90/prefill/prep/kernel.cuh"
 
 namespace kdakit::sm90::prefill::prep {
-template Status launch_prep_kernel<GateMode::kPrecomputed, false, 8>(const PrepParams&, int64_t, cudaStream_t);
-template Status launch_prep_kernel<GateMode::kPrecomputed, false, 16>(const PrepParams&, int64_t, cudaStream_t);
+template Status launch_prep_kernel<GateMode::kPrecomputed, false>(const PrepParams&, int64_t, cudaStream_t);
 }  // namespace kdakit::sm90::prefill::prep
