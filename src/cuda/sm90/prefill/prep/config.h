@@ -63,8 +63,12 @@ struct SharedMemoryPlan {
   static constexpr size_t kKbOffset = kKaOffset + kBf16Tile;          // kB bf16 [160][128]
   static constexpr size_t kKbBytes = size_t(kKbRows) * kRowBytes;
   static constexpr size_t kRowScaleOffset = kKbOffset + kKbBytes;     // rq, rk, beta fp32 [3][64]
-  static constexpr size_t kBoundOffset = kRowScaleOffset + 3 * kChunk * 4;  // c_R fp32 [4][128]
-  static constexpr size_t kMaskOffset = kBoundOffset + kSubBlocks * kHeadDim * 4;  // uint32 [4][4]
+  // Sub-block boundaries fp32 [5][128]: row 0 zeros (c_{-1}), row R + 1 c_R, so that c_{R-1}
+  // is read without a branch on R. NOTE: as one float4 per lane the elementwise phase's reads are
+  // conflict-free (a quarter-warp is one sub-block); predicated scalar reads (the R == 0 case)
+  // were 3-way conflicts across sub-blocks.
+  static constexpr size_t kBoundOffset = kRowScaleOffset + 3 * kChunk * 4;
+  static constexpr size_t kMaskOffset = kBoundOffset + (kSubBlocks + 1) * kHeadDim * 4;  // uint32 [4][4]
   // Wide-span channels per sub-block as a list (uint8 [4][128], ascending) and counts (int [4]).
   static constexpr size_t kWideListOffset = kMaskOffset + kSubBlocks * (kHeadDim / 32) * 4;
   static constexpr size_t kWideCountOffset = kWideListOffset + kSubBlocks * kHeadDim;

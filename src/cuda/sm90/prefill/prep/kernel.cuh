@@ -147,7 +147,7 @@ __global__ void __launch_bounds__(kThreads, 2) kda_prefill_prep_sm90_kernel(cons
   uint8_t* wide_list = smem + Plan::kWideListOffset;                       // their indices [4][128]
   int* wide_count = reinterpret_cast<int*>(smem + Plan::kWideCountOffset);  // and counts [4]
   const float max_span = max_diag_span(p.use_qk_l2norm);
-  float* bound = reinterpret_cast<float*>(smem + Plan::kBoundOffset);     // c_R [4][128]
+  float* bound = reinterpret_cast<float*>(smem + Plan::kBoundOffset);     // [5][128]: 0, c_0 .. c_3
   float* norm_q = reinterpret_cast<float*>(smem + Plan::kNormOffset);     // [8 warps][64]
   float* norm_k = norm_q + kWarps * kChunk;
 
@@ -244,9 +244,12 @@ __global__ void __launch_bounds__(kThreads, 2) kda_prefill_prep_sm90_kernel(cons
     for (int j = 0; j < kRowsPerThread; ++j) b2[j][e] += excl;
   }
   if ((rq & 3) == 3) {  // the last row of a sub-block: its b2 is the boundary c_R
-    float* dst = bound + R * kHeadDim + c0;
+    float* dst = bound + (R + 1) * kHeadDim + c0;
     *reinterpret_cast<float4*>(dst) = make_float4(b2[3][0], b2[3][1], b2[3][2], b2[3][3]);
     *reinterpret_cast<float4*>(dst + 4) = make_float4(b2[3][4], b2[3][5], b2[3][6], b2[3][7]);
+  }
+  if (tid < kHeadDim / 4) {  // row 0: c_{-1} = 0
+    reinterpret_cast<float4*>(bound)[tid] = make_float4(0.f, 0.f, 0.f, 0.f);
   }
   if (rq == 15) {  // decay = exp2(b2 of the last row)
     float4* dst = reinterpret_cast<float4*>(reinterpret_cast<float*>(blk + Layout::kDecayOffset) + c0);
@@ -302,8 +305,7 @@ __global__ void __launch_bounds__(kThreads, 2) kda_prefill_prep_sm90_kernel(cons
 #pragma unroll
     for (int wd = 0; wd < kHeadDim / 32; ++wd) {
       const int i = wd * 32 + lane;
-      const float prev = Rb == 0 ? 0.f : bound[(Rb - 1) * kHeadDim + i];
-      const bool wide = prev - bound[Rb * kHeadDim + i] > max_span;
+      const bool wide = bound[Rb * kHeadDim + i] - bound[(Rb + 1) * kHeadDim + i] > max_span;
       const uint32_t bits = __ballot_sync(0xffffffffu, wide);
       if (wide) wide_list[Rb * kHeadDim + count + __popc(bits & ((1u << lane) - 1u))] = uint8_t(i);
       count += __popc(bits);
@@ -317,8 +319,8 @@ __global__ void __launch_bounds__(kThreads, 2) kda_prefill_prep_sm90_kernel(cons
   {
     // Per-sub-block constants are re-read from shared memory where needed: keeping them in
     // registers would spill.
-    const float* c_prev = bound + (R - 1) * kHeadDim + c0;  // read only when R > 0
-    const float* c_cur = bound + R * kHeadDim + c0;
+    const float* c_prev = bound + R * kHeadDim + c0;  // c_{R-1} (zeros for R = 0)
+    const float* c_cur = bound + (R + 1) * kHeadDim + c0;
     // Kh (block) and B^(R') for R' >= R (shared), before the A operands overwrite k in place.
     // NOTE: factors that may exceed 1 (the diagonal tile's) are one exp2 of the summed
     // exponent: a product E * 2^(span/2) would lose values whose E alone underflows.
@@ -327,8 +329,8 @@ __global__ void __launch_bounds__(kThreads, 2) kda_prefill_prep_sm90_kernel(cons
       float kh_fac[8], m_cur[8];
 #pragma unroll
       for (int e = 0; e < 8; ++e) {
-        kh_fac[e] = fast_exp2(bound[3 * kHeadDim + c0 + e] - c_cur[e]);
-        const float cp = R == 0 ? 0.f : c_prev[e];
+        kh_fac[e] = fast_exp2(bound[kSubBlocks * kHeadDim + c0 + e] - c_cur[e]);
+        const float cp = c_prev[e];
         const float span = cp - c_cur[e];
         m_cur[e] = span <= max_span ? cp - 0.5f * span : -INFINITY;  // -inf: left to the per-element path
       }
@@ -356,8 +358,8 @@ __global__ void __launch_bounds__(kThreads, 2) kda_prefill_prep_sm90_kernel(cons
           float b_fac[8];
 #pragma unroll
           for (int e = 0; e < 8; ++e) {
-            const float cp = bound[(Rb - 1) * kHeadDim + c0 + e];
-            const float span = cp - bound[Rb * kHeadDim + c0 + e];
+            const float cp = bound[Rb * kHeadDim + c0 + e];
+            const float span = cp - bound[(Rb + 1) * kHeadDim + c0 + e];
             const float m = span <= max_span ? cp - 0.5f * span : cp;
             b_fac[e] = fast_exp2(m - c_cur[e]);  // m_{R'} <= c_{R'-1} <= c_R: at most 1
           }
@@ -371,14 +373,14 @@ __global__ void __launch_bounds__(kThreads, 2) kda_prefill_prep_sm90_kernel(cons
         }
       }
     }
-    // Qt (block), Kt (shared) from E = exp2(b2 - c_{R-1}) exp2(c_{R-1}) (both <= 1); A^M, A^L
-    // (shared, in place over q and k) from exp2(b2 - m_R) <= 2^96.
-    float exp_prev[8], m_cur[8];
+    // Qt (block), Kt (shared) from exp2(b2) <= 1 (one exponential: it flushes to zero where
+    // the product exp2(b2 - c_{R-1}) exp2(c_{R-1}) would, below 2^-126); A^M, A^L (shared, in
+    // place over q and k) from exp2(b2 - m_R) <= 2^96.
+    float m_cur[8];
 #pragma unroll
     for (int e = 0; e < 8; ++e) {
-      const float cp = R == 0 ? 0.f : c_prev[e];
+      const float cp = c_prev[e];
       const float span = cp - c_cur[e];
-      exp_prev[e] = fast_exp2(cp);
       m_cur[e] = span <= max_span ? cp - 0.5f * span : cp;
     }
 #pragma unroll
@@ -393,7 +395,7 @@ __global__ void __launch_bounds__(kThreads, 2) kda_prefill_prep_sm90_kernel(cons
       for (int e = 0; e < 8; ++e) {
         qn[e] *= sq;
         kn[e] *= sk;
-        fq[e] = fast_exp2(b2[j][e] - (R == 0 ? 0.f : c_prev[e])) * exp_prev[e];
+        fq[e] = fast_exp2(b2[j][e]);
         fa[e] = fast_exp2(b2[j][e] - m_cur[e]);
       }
 #pragma unroll
@@ -505,13 +507,14 @@ __global__ void __launch_bounds__(kThreads, 2) kda_prefill_prep_sm90_kernel(cons
     __syncthreads();
   }
 #pragma unroll
-  for (int u = 0; u < kChunk * 8 / kThreads; ++u) {  // M: 64 rows x 8 chunks of 8 bf16
+  for (int u = 0; u < kChunk * 16 / kThreads; ++u) {  // M: 64 rows x 16 quads of 4 bf16
+    // NOTE: one float4 per lane, 16 lanes per row: a quarter-warp reads 128 contiguous bytes of
+    // one row, conflict-free (8 floats per lane, at 32-byte steps, were 2-way conflicts).
     const int c = tid + u * kThreads;
-    const int r = c >> 3, ch = c & 7;
-    const float4 lo = *reinterpret_cast<const float4*>(Tf + r * Plan::kLdF + ch * 8);
-    const float4 hi = *reinterpret_cast<const float4*>(Tf + r * Plan::kLdF + ch * 8 + 4);
-    const float x[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
-    *reinterpret_cast<uint4*>(blk + Layout::kMOffset + size_t(r) * 128 + ch * 16) = pack8(x);
+    const int r = c >> 4, q4 = c & 15;
+    const float4 x = *reinterpret_cast<const float4*>(Tf + r * Plan::kLdF + q4 * 4);
+    *reinterpret_cast<uint2*>(blk + Layout::kMOffset + size_t(r) * 128 + q4 * 8) =
+        make_uint2(kdakit::cuda::pack_bf16x2(x.x, x.y), kdakit::cuda::pack_bf16x2(x.z, x.w));
   }
   __syncthreads();
 
