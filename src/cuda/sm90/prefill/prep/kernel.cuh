@@ -116,6 +116,50 @@ __device__ __forceinline__ uint4 pack8(const float (&x)[8]) {
   return r;
 }
 
+// Phase 2's work split. L and M are each 20 n8 tiles (16 rows x 8 columns, k = 128): sub-block
+// R's rows times columns 0 .. 16 (R + 1) - 1, flat index f over R = 3 (nt 0..7), R = 2 (nt 0..5),
+// R = 1 (nt 0..3), R = 0 (nt 0..1). Warp w of a matrix takes f = 5 w .. 5 w + 4: five mma per
+// k-step on every warp, at most two sub-blocks (A operands) per warp.
+// NOTE: one warp per sub-block gave 1 to 8 mma per k-step, and the barrier after the products
+// waited for the sub-block-3 warps.
+inline constexpr int kLmTilesPerWarp = 5;
+struct LmTile {
+  int R, nt;
+};
+__host__ __device__ constexpr LmTile lm_tile(int f) {
+  return f < 8 ? LmTile{3, f} : f < 14 ? LmTile{2, f - 8} : f < 18 ? LmTile{1, f - 14} : LmTile{0, f - 18};
+}
+static_assert(lm_tile(4 * kLmTilesPerWarp - 1).R == 0 && lm_tile(4 * kLmTilesPerWarp - 1).nt == 1,
+              "the four warps of a matrix cover its 20 tiles");
+
+// Warp kWl's five tiles of the L or M product (A: the qA or kA tile, B: the kB tile).
+template <int kWl>
+__device__ __forceinline__ void lm_products(float (&acc)[kLmTilesPerWarp][4], const unsigned char* a_base,
+                                            const unsigned char* b_base, int lane) {
+  constexpr int kF0 = kLmTilesPerWarp * kWl;
+  constexpr int kR0 = lm_tile(kF0).R, kR1 = lm_tile(kF0 + kLmTilesPerWarp - 1).R;
+#pragma unroll
+  for (int ks = 0; ks < kHeadDim / 16; ++ks) {
+    uint32_t a0[4], a1[4];
+    kdakit::cuda::ldmatrix_x4(a0, kdakit::cuda::smem_u32(a_base + swz(kSubBlock * kR0 + (lane & 15), 2 * ks + (lane >> 4))));
+    if constexpr (kR1 != kR0) {
+      kdakit::cuda::ldmatrix_x4(a1, kdakit::cuda::smem_u32(a_base + swz(kSubBlock * kR1 + (lane & 15), 2 * ks + (lane >> 4))));
+    }
+#pragma unroll
+    for (int i = 0; i < kLmTilesPerWarp; ++i) {
+      const LmTile tile = lm_tile(kF0 + i);
+      uint32_t b[2];
+      const int row = kb_row_offset(tile.R) + 8 * tile.nt + (lane & 7);
+      kdakit::cuda::ldmatrix_x2(b, kdakit::cuda::smem_u32(b_base + swz(row, 2 * ks + ((lane >> 3) & 1))));
+      if (tile.R == kR0) {
+        kdakit::cuda::mma_bf16_16816(acc[i], a0, b[0], b[1]);
+      } else {
+        kdakit::cuda::mma_bf16_16816(acc[i], a1, b[0], b[1]);
+      }
+    }
+  }
+}
+
 // ------------------------------------------------------------------------------------------
 // Prep kernel
 // ------------------------------------------------------------------------------------------
@@ -130,8 +174,10 @@ __global__ void __launch_bounds__(kThreads, 2) kda_prefill_prep_sm90_kernel(cons
   // bound max_chunks x HV; the plan's total decides which CTAs have work.
   const int h = int(blockIdx.x % unsigned(p.num_v_heads));
   const int chunk = int(blockIdx.x / unsigned(p.num_v_heads));
-  if (chunk >= p.chunk_offsets[p.num_seqs]) return;
+  // NOTE: chunk_seq is -1 past the plan's total, so the exit test needs no load of the total
+  // before it: one dependent L2 round trip less ahead of the data loads.
   const int n = p.chunk_seq[chunk];
+  if (n < 0) return;
   const int chunk_in_seq = chunk - p.chunk_offsets[n];
   const int len = min(kChunk, p.seq_len[n] - chunk_in_seq * kChunk);
   const int64_t tok0 = p.seq_start[n] + int64_t(chunk_in_seq) * kChunk;
@@ -415,29 +461,19 @@ __global__ void __launch_bounds__(kThreads, 2) kda_prefill_prep_sm90_kernel(cons
   __syncthreads();
 
   // ---- Phase 2: L (warps 0-3) and M (warps 4-7) on tensor cores ---------------------------
+  // Each matrix is 20 n8 tiles (lm_tile); warp w takes tiles 5 (w % 4) .. + 4 of its matrix.
   const int g = lane >> 2, t = lane & 3;
-  const int Rw = warp & 3;
-  float acc[8][4];
+  float acc[kLmTilesPerWarp][4];
 #pragma unroll
-  for (int i = 0; i < 8; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
+  for (int i = 0; i < kLmTilesPerWarp; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
   {
     const unsigned char* a_base = smem + (warp < 4 ? Plan::kKaOffset : Plan::kQaOffset);
     const unsigned char* b_base = smem + Plan::kKbOffset;
-    const int b_row0 = kb_row_offset(Rw);
-#pragma unroll
-    for (int ks = 0; ks < kHeadDim / 16; ++ks) {
-      uint32_t a[4];
-      kdakit::cuda::ldmatrix_x4(a, kdakit::cuda::smem_u32(a_base + swz(kSubBlock * Rw + (lane & 15), 2 * ks + (lane >> 4))));
-#pragma unroll
-      for (int np = 0; np < kSubBlocks; ++np) {
-        if (np <= Rw) {
-          uint32_t b[4];
-          const int row = b_row0 + 16 * np + (lane & 7) + ((lane >> 4) << 3);
-          kdakit::cuda::ldmatrix_x4(b, kdakit::cuda::smem_u32(b_base + swz(row, 2 * ks + ((lane >> 3) & 1))));
-          kdakit::cuda::mma_bf16_16816(acc[2 * np], a, b[0], b[1]);
-          kdakit::cuda::mma_bf16_16816(acc[2 * np + 1], a, b[2], b[3]);
-        }
-      }
+    switch (warp & 3) {
+      case 0: lm_products<0>(acc, a_base, b_base, lane); break;
+      case 1: lm_products<1>(acc, a_base, b_base, lane); break;
+      case 2: lm_products<2>(acc, a_base, b_base, lane); break;
+      default: lm_products<3>(acc, a_base, b_base, lane); break;
     }
   }
   __syncthreads();  // qA, kA and kB are no longer read
@@ -448,16 +484,17 @@ __global__ void __launch_bounds__(kThreads, 2) kda_prefill_prep_sm90_kernel(cons
   {
     float* dst = warp < 4 ? Lf : Tf;  // M lives in the T space until it is stored
     const bool strict = warp < 4;     // L is strictly lower, M includes the diagonal
+    // NOTE: only the tiles left of the diagonal and the diagonal tiles exist: L's blocks above
+    // the diagonal are never read, M's are written as zeros by the conversion below.
 #pragma unroll
-    for (int nt = 0; nt < 8; ++nt) {
-      // NOTE: L's blocks above the diagonal are never read; M's are stored as zeros.
-      if (strict && (nt >> 1) > Rw) continue;
+    for (int i = 0; i < kLmTilesPerWarp; ++i) {
+      const LmTile tile = lm_tile(kLmTilesPerWarp * (warp & 3) + i);
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
-        const int r = kSubBlock * Rw + g + 8 * half;
-        const int s = 8 * nt + 2 * t;
-        float x0 = acc[nt][2 * half], x1 = acc[nt][2 * half + 1];
-        if ((nt >> 1) == Rw) {  // diagonal tile: entries above it may be inf, so select
+        const int r = kSubBlock * tile.R + g + 8 * half;
+        const int s = 8 * tile.nt + 2 * t;
+        float x0 = acc[i][2 * half], x1 = acc[i][2 * half + 1];
+        if ((tile.nt >> 1) == tile.R) {  // diagonal tile: entries above it may be inf, so select
           x0 = (strict ? s < r : s <= r) ? x0 : 0.f;
           x1 = (strict ? s + 1 < r : s + 1 <= r) ? x1 : 0.f;
         }
@@ -512,7 +549,9 @@ __global__ void __launch_bounds__(kThreads, 2) kda_prefill_prep_sm90_kernel(cons
     // one row, conflict-free (8 floats per lane, at 32-byte steps, were 2-way conflicts).
     const int c = tid + u * kThreads;
     const int r = c >> 4, q4 = c & 15;
-    const float4 x = *reinterpret_cast<const float4*>(Tf + r * Plan::kLdF + q4 * 4);
+    // columns past the row's diagonal tile are zeros (phase 2 does not compute them)
+    const float4 x = q4 < 4 * (r / kSubBlock + 1) ? *reinterpret_cast<const float4*>(Tf + r * Plan::kLdF + q4 * 4)
+                                                   : make_float4(0.f, 0.f, 0.f, 0.f);
     *reinterpret_cast<uint2*>(blk + Layout::kMOffset + size_t(r) * 128 + q4 * 8) =
         make_uint2(kdakit::cuda::pack_bf16x2(x.x, x.y), kdakit::cuda::pack_bf16x2(x.z, x.w));
   }
