@@ -21,6 +21,9 @@ each buys. Usage:
 
     python tools/chunked_rounding_model.py [--tokens 8192] [--gate slow|normal] [--seed 0]
                                            [--splits Kh+S_wq,...]
+
+Operand names: Kh, W, Qt, M (hi + lo instead of bf16), S_w / S_q / S_wq (the bf16 state as hi +
+lo in the W product, the Qt product, or both), tf32upd (the state update as one tf32 product).
 """
 
 from __future__ import annotations
@@ -45,6 +48,13 @@ def bf(x: np.ndarray) -> np.ndarray:
 def hilo(x: np.ndarray) -> np.ndarray:
     h = bf(x)
     return h + bf(x - h)
+
+
+def tf32(x: np.ndarray) -> np.ndarray:
+    """Round to tf32 (10 explicit mantissa bits, nearest even), returned as float64."""
+    u = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32).astype(np.uint64)
+    u = ((u + 0xFFF + ((u >> 13) & 1)) & 0xFFFFE000).astype(np.uint32)
+    return u.view(np.float32).astype(np.float64)
 
 
 def inputs(tokens: int, gate: str, rng: np.random.Generator):
@@ -74,7 +84,14 @@ def reference(q, k, v, g, beta, s0):
 
 def chunked(q, k, v, g, beta, s0, split: set[str]):
     """The kernels' algorithm with their roundings; `split` names operands kept as hi + lo."""
-    r = {name: (hilo if name in split else bf) for name in ("S_wq", "W", "Qt", "Kh", "M")}
+    r = {name: (hilo if name in split else bf) for name in ("W", "Qt", "Kh", "M")}
+    # S0 as the A operand of the W product (S_w), of the Qt product (S_q), or of both (S_wq)
+    s_w = hilo if {"S_wq", "S_w"} & split else bf
+    s_q = hilo if {"S_wq", "S_q"} & split else bf
+    # tf32upd: the state update as one tf32 product (Kh and U rounded to tf32) instead of bf16 Kh
+    # times U as hi + lo: the same tensor-core time (tf32 mma runs at half the bf16 rate), Kh as
+    # fp32 in the block and in shared memory (as many bytes as a hi + lo pair)
+    upd_kh, upd_u = (tf32, tf32) if "tf32upd" in split else (r["Kh"], hilo)
     s = s0.copy()
     o = np.empty((len(q), V))
     for c0 in range(0, len(q), C):
@@ -103,14 +120,13 @@ def chunked(q, k, v, g, beta, s0, split: set[str]):
         last = b2[n - 1]
         Qt = r["Qt"](qc * np.exp2(b2))
         Kt = bf(kc * np.exp2(b2))
-        Kh = r["Kh"](kc * np.exp2(last - b2))
+        Kh = upd_kh(kc * np.exp2(last - b2))
         W = r["W"](Tb @ Kt)
         U0 = Tb @ vc
         Mb = r["M"](M)
-        sq = r["S_wq"](s)
-        U = U0 - W @ sq
-        o[c0:c0 + n] = Qt @ sq + Mb @ hilo(U)
-        s = np.exp2(last)[:, None] * s + Kh.T @ hilo(U)
+        U = U0 - W @ s_w(s)
+        o[c0:c0 + n] = Qt @ s_q(s) + Mb @ hilo(U)
+        s = np.exp2(last)[:, None] * s + Kh.T @ upd_u(U)
     return bf(o), s
 
 
