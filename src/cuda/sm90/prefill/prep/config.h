@@ -49,6 +49,22 @@ __host__ __device__ constexpr float max_diag_span(bool qk_l2norm) { return qk_l2
 constexpr int kb_row_offset(int R) { return kSubBlock * R * (R + 1) / 2; }
 inline constexpr int kKbRows = kb_row_offset(kSubBlocks);  // 16 + 32 + 48 + 64 = 160
 
+// Phase 2's work split. L and M are each 20 n8 tiles (16 rows x 8 columns, k = 128): sub-block
+// R's rows times columns 0 .. 16 (R + 1) - 1, flat index f over R = 3 (nt 0..7), R = 2 (nt 0..5),
+// R = 1 (nt 0..3), R = 0 (nt 0..1). Warp w of a matrix takes f = 5 w .. 5 w + 4: five mma per
+// k-step on every warp, at most two sub-blocks (A operands) per warp.
+// NOTE: one warp per sub-block gave 1 to 8 mma per k-step, and the barrier after the products
+// waited for the sub-block-3 warps.
+inline constexpr int kLmTilesPerWarp = 5;
+struct LmTile {
+  int R, nt;
+};
+constexpr LmTile lm_tile(int f) {
+  return f < 8 ? LmTile{3, f} : f < 14 ? LmTile{2, f - 8} : f < 18 ? LmTile{1, f - 14} : LmTile{0, f - 18};
+}
+static_assert(lm_tile(4 * kLmTilesPerWarp - 1).R == 0 && lm_tile(4 * kLmTilesPerWarp - 1).nt == 1,
+              "the four warps of a matrix cover its 20 tiles");
+
 // Shared memory plan (bytes). bf16 [rows][128] arrays are 256-byte rows whose sixteen 16-byte
 // chunks are XOR-swizzled by (row & 7): ldmatrix of 8 rows at one logical chunk then hits 8
 // distinct bank groups, without padding (padding would push two CTAs past the SM's 228 KB).

@@ -10,6 +10,7 @@
 // (c_{-1} = 0), qn = scale * q / ||q||, kn = k / ||k|| (norms optional), and
 //   E_r = exp2(b2_r - c_{R-1}) <= 1,  F_r = exp2(c_R - b2_r) <= 1         (r in sub-block R)
 //   Qt = qn E exp2(c_{R-1}),  Kt = kn E exp2(c_{R-1}),  Kh = kn F exp2(c_3 - c_R)
+//     (E exp2(c_{R-1}) = exp2(b2_r) <= 1 is formed as that one exponential)
 //   L[r, s] = A^L_r . B^(R)_s,  M[r, s] = A^M_r . B^(R)_s  (s < 16 (R + 1), then masked)
 //     A^x_r   = x_r exp2(b2_r - m_R),   B^(R)_s = kn_s exp2(m_R - b2_s)
 //     m_R     = (c_{R-1} + c_R) / 2 per channel (c_{R-1} where span = c_{R-1} - c_R > 192):
@@ -27,7 +28,8 @@
 //      groups); norms (8-warp shared sums in fixed order). Writes Qt, Kh, decay to the block;
 //      Kt, A^L, A^M (in place over k, q), B^(R) to shared memory (bf16, 16-byte chunks
 //      XOR-swizzled by row).
-//   2. L, M on tensor cores: warp w computes rows of sub-block w % 4 of L (w < 4) or M.
+//   2. L, M on tensor cores: each is 20 n8 tiles (config.h, lm_tile), warp w computes five of
+//      L's (w < 4) or M's.
 //   3. L, M to shared fp32 (masked), per-element terms of wide-span channels, M to the block.
 //   4. T on tensor cores (config.h): warps 0-3 invert their diagonal 16 x 16 block in registers
 //      by repeated squaring, then warps 1-3 compute their row of off-diagonal blocks right to
@@ -37,10 +39,11 @@
 //      its accumulators straight to the block.
 // Nothing is pipelined inside a CTA: two CTAs share an SM (config.h), so one computes while the
 // other's loads and stores are in flight. NOTE: measured on the H200 (H=96, T=8192), version 1
-// took 1.19 ms and this kernel 1.03 ms, 1.86 TB/s, against a 0.45 ms floor for the bytes. The
-// grid time is waves of 2 CTAs per SM times the ~22 us latency of one CTA's dependent
-// instruction chain (the elementwise phase 1 is about half of it), not the loads: an L2 prefetch
-// of the next CTA's inputs measured 4% slower (docs/design/20261129-prefill.md).
+// took 1.19 ms and this kernel 0.95 ms (session 6), against a 0.45 ms floor for the bytes. The
+// grid time is waves of 2 CTAs per SM times the ~21 us latency of one CTA's dependent
+// instruction chain (0.44 issued instructions per scheduler and cycle; the elementwise phase 1
+// is about half of the samples), not the loads: an L2 prefetch of the next CTA's inputs
+// measured 4% slower (docs/design/20261129-prefill.md).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -115,22 +118,6 @@ __device__ __forceinline__ uint4 pack8(const float (&x)[8]) {
   r.w = kdakit::cuda::pack_bf16x2(x[6], x[7]);
   return r;
 }
-
-// Phase 2's work split. L and M are each 20 n8 tiles (16 rows x 8 columns, k = 128): sub-block
-// R's rows times columns 0 .. 16 (R + 1) - 1, flat index f over R = 3 (nt 0..7), R = 2 (nt 0..5),
-// R = 1 (nt 0..3), R = 0 (nt 0..1). Warp w of a matrix takes f = 5 w .. 5 w + 4: five mma per
-// k-step on every warp, at most two sub-blocks (A operands) per warp.
-// NOTE: one warp per sub-block gave 1 to 8 mma per k-step, and the barrier after the products
-// waited for the sub-block-3 warps.
-inline constexpr int kLmTilesPerWarp = 5;
-struct LmTile {
-  int R, nt;
-};
-__host__ __device__ constexpr LmTile lm_tile(int f) {
-  return f < 8 ? LmTile{3, f} : f < 14 ? LmTile{2, f - 8} : f < 18 ? LmTile{1, f - 14} : LmTile{0, f - 18};
-}
-static_assert(lm_tile(4 * kLmTilesPerWarp - 1).R == 0 && lm_tile(4 * kLmTilesPerWarp - 1).nt == 1,
-              "the four warps of a matrix cover its 20 tiles");
 
 // Warp kWl's five tiles of the L or M product (A: the qA or kA tile, B: the kB tile).
 template <int kWl>
