@@ -198,7 +198,7 @@ void set_prefill_segments(int32_t segment_chunks, int rows) {
   if (rows == 16 || rows == 32 || rows == 64 || rows == 128) segments_override.rows = rows;
 }
 
-// NOTE: the fused path reads only the plan region; the chunk blocks (90 KB per chunk and head)
+// NOTE: the fused path reads only the plan region; the chunk blocks (104.5 KB per chunk and head)
 // are the two-kernel path's. Sized from the batch fields alone (no tensors, head dims unset:
 // prefill_plan, engines sizing one buffer for their largest batch), the answer is the two-kernel
 // path's, which covers every batch of at most those sizes whichever path it takes (a smaller

@@ -5,7 +5,7 @@
 // Chunked form (chunk C = kChunk tokens, rows r, s in [0, C'), C' <= C the chunk's length;
 // b2_r = log2(e) * (gamma_0 + ... + gamma_r) per key channel, the base-2 running gate sum):
 //   Qt[r, i] = scale * exp2(b2_r[i]) * qn_r[i]               (qn: q after the optional L2 norm)
-//   Kh[r, i] = exp2(b2_{C'-1}[i] - b2_r[i]) * kn_r[i]
+//   Kh[r, i] = exp2(b2_{C'-1}[i] - b2_r[i]) * kn_r[i]   (stored as bf16 hi + lo: Kh_lo = bf16(Kh - hi))
 //   L[r, s]  = sum_i kn_r[i] kn_s[i] exp2(b2_r[i] - b2_s[i])       s < r
 //   M[r, s]  = sum_i scale qn_r[i] kn_s[i] exp2(b2_r[i] - b2_s[i]) s <= r, else 0
 //   T        = (I + diag(beta) L)^-1
@@ -14,6 +14,9 @@
 //   decay[i] = exp2(b2_{C'-1}[i])
 // and the recurrence kernel, per chunk, with S0 the state entering the chunk (K x V):
 //   U = U0 - W S0,   O = Qt S0 + M U,   S = diag(decay) S0 + Kh^T U.
+// NOTE: Kh's lo part is there for the state's accuracy: with Kh rounded to bf16 the fp32 final
+// state of slow-decay inputs drifts to ~3.2e-3 relative L2 (bar 2e-3;
+// docs/design/20261201-prefill-segments.md, the rounding model).
 // Rows r >= C' of every per-token array, and M's columns s >= C', are written as zeros, so the
 // recurrence kernel may always run full 64-row products.
 #pragma once
@@ -34,12 +37,13 @@ struct ChunkBlockLayout {
   static constexpr size_t kQtOffset = 0;                                    // bf16 [64][128]
   static constexpr size_t kWOffset = kQtOffset + kChunk * kHeadDim * 2;      // bf16 [64][128]
   static constexpr size_t kKhOffset = kWOffset + kChunk * kHeadDim * 2;      // bf16 [64][128]
-  static constexpr size_t kMOffset = kKhOffset + kChunk * kHeadDim * 2;      // bf16 [64][64]
+  static constexpr size_t kKhLoOffset = kKhOffset + kChunk * kHeadDim * 2;   // bf16 [64][128]
+  static constexpr size_t kMOffset = kKhLoOffset + kChunk * kHeadDim * 2;    // bf16 [64][64]
   static constexpr size_t kU0Offset = kMOffset + kChunk * kChunk * 2;        // fp32 [64][128]
   static constexpr size_t kDecayOffset = kU0Offset + kChunk * kHeadDim * 4;  // fp32 [128]
   static constexpr size_t kBytes = kDecayOffset + kHeadDim * 4;
 };
-inline constexpr size_t kChunkBlockBytes = ChunkBlockLayout::kBytes;  // 90624 = 708 * 128
+inline constexpr size_t kChunkBlockBytes = ChunkBlockLayout::kBytes;  // 107008 = 836 * 128
 static_assert(kChunkBlockBytes % 128 == 0, "chunk blocks must stay 128-byte aligned for TMA");
 
 // The plan region at the start of the workspace (written by the plan kernel, read by both):

@@ -244,6 +244,8 @@ void run_device(const PrefillParams& p, PrepRun& run) {
 
 struct PrepErrors {
   ArrayError qt{"Qt", 6e-3}, w{"W", 1e-2}, kh{"Kh", 6e-3}, m{"M", 1e-2}, u0{"U0", 6e-3}, decay{"decay", 1e-5};
+  // Kh hi + lo against the float64 Kh: the fp32 gate sums and exponentials, not bf16, set it.
+  ArrayError kh2{"Kh+lo", 1e-4};
 };
 
 // Runs case `c` on tensors `t` with the current prep variant and compares the whole workspace
@@ -303,6 +305,8 @@ void check_tensors_once(const PrefillCase& c, PrefillTensors& t, bool check_twic
           err.qt.add(bf16_at(blk, Layout::kQtOffset + 2 * e), ref.qt[e], pad_row, where);
           err.w.add(bf16_at(blk, Layout::kWOffset + 2 * e), ref.w[e], pad_row, where);
           err.kh.add(bf16_at(blk, Layout::kKhOffset + 2 * e), ref.kh[e], pad_row, where);
+          err.kh2.add(bf16_at(blk, Layout::kKhOffset + 2 * e) + bf16_at(blk, Layout::kKhLoOffset + 2 * e), ref.kh[e],
+                      pad_row, where);
           err.u0.add(f32_at(blk, Layout::kU0Offset + 4 * e), ref.u0[e], pad_row, where);
         }
         for (int s = 0; s < kC; ++s) {
@@ -322,7 +326,7 @@ void check_tensors_once(const PrefillCase& c, PrefillTensors& t, bool check_twic
   for (size_t b = written_end; b < run.w.total_bytes; ++b) {
     ASSERT_EQ(ws[b], kPoison) << "byte " << b - written_end << " past the chunk total was written";
   }
-  for (const ArrayError* a : {&err.qt, &err.w, &err.kh, &err.m, &err.u0, &err.decay}) {
+  for (const ArrayError* a : {&err.qt, &err.w, &err.kh, &err.kh2, &err.m, &err.u0, &err.decay}) {
     std::printf("    [%s] %s\n", c.name.c_str(), a->str().c_str());
     EXPECT_EQ(a->nonfinite, 0) << a->name << ": non-finite outputs";
     EXPECT_EQ(a->padding_bad, 0) << a->name << ": padding entries that are not +0";

@@ -203,6 +203,7 @@ CpuWorkspace build_workspace(const Problem& pr) {
         auto* Qt = reinterpret_cast<uint16_t*>(blk + ChunkBlockLayout::kQtOffset);
         auto* W = reinterpret_cast<uint16_t*>(blk + ChunkBlockLayout::kWOffset);
         auto* Kh = reinterpret_cast<uint16_t*>(blk + ChunkBlockLayout::kKhOffset);
+        auto* KhLo = reinterpret_cast<uint16_t*>(blk + ChunkBlockLayout::kKhLoOffset);
         auto* M = reinterpret_cast<uint16_t*>(blk + ChunkBlockLayout::kMOffset);
         auto* U0 = reinterpret_cast<float*>(blk + ChunkBlockLayout::kU0Offset);
         auto* decay = reinterpret_cast<float*>(blk + ChunkBlockLayout::kDecayOffset);
@@ -214,7 +215,9 @@ CpuWorkspace build_workspace(const Problem& pr) {
           const double *q = &pr.q[at(r) * D], *k = &pr.k[at(r) * D];
           for (int i = 0; i < D; ++i) {
             Qt[r * D + i] = to_bf16_bits(float(pr.scale * std::exp(b[r * D + i]) * q[i]));
-            Kh[r * D + i] = to_bf16_bits(float(std::exp(blast[i] - b[r * D + i]) * k[i]));
+            const float kh = float(std::exp(blast[i] - b[r * D + i]) * k[i]);
+            Kh[r * D + i] = to_bf16_bits(kh);
+            KhLo[r * D + i] = to_bf16_bits(kh - from_bf16_bits(Kh[r * D + i]));
           }
           for (int s = 0; s <= r; ++s) {
             const double* ks = &pr.k[at(s) * D];
@@ -252,7 +255,8 @@ CpuWorkspace build_workspace(const Problem& pr) {
 }
 
 // float64 mirror of the kernel over the rounded workspace; with round_operands, S0 is rounded
-// to bf16 where the kernel rounds it (the A operand of W S0 and Qt S0). U enters M U and Kh^T U
+// to bf16 where the kernel rounds it (the A operand of Qt S0; against W it is hi + lo). Kh enters
+// as hi + lo, as the workspace stores it. U enters M U and Kh^T U
 // as bf16 hi + lo in the kernel (16 mantissa bits), i.e. unrounded here.
 void chunk_mirror(const Problem& pr, const CpuWorkspace& ws, bool round_operands, std::vector<double>& o,
                   std::vector<double>& s_final) {
@@ -273,7 +277,8 @@ void chunk_mirror(const Problem& pr, const CpuWorkspace& ws, bool round_operands
         for (int r = 0; r < kChunk; ++r)
           for (int vv = 0; vv < D; ++vv) {
             double acc = 0;
-            for (int i = 0; i < D; ++i) acc += bf(ChunkBlockLayout::kWOffset, r * D + i) * S0[i * D + vv];
+            // the kernel takes S0 as bf16 hi + lo against W (16 mantissa bits): unrounded here
+            for (int i = 0; i < D; ++i) acc += bf(ChunkBlockLayout::kWOffset, r * D + i) * S[i * D + vv];
             U[r * D + vv] = double(U0[r * D + vv]) - acc;
           }
         const int len = std::min(kChunk, pr.lens[n] - t0);
@@ -287,7 +292,9 @@ void chunk_mirror(const Problem& pr, const CpuWorkspace& ws, bool round_operands
         for (int i = 0; i < D; ++i)
           for (int vv = 0; vv < D; ++vv) {
             double acc = double(decay[i]) * S[i * D + vv];
-            for (int r = 0; r < kChunk; ++r) acc += bf(ChunkBlockLayout::kKhOffset, r * D + i) * U[r * D + vv];
+            for (int r = 0; r < kChunk; ++r)
+              acc += (bf(ChunkBlockLayout::kKhOffset, r * D + i) + bf(ChunkBlockLayout::kKhLoOffset, r * D + i)) *
+                     U[r * D + vv];
             S[i * D + vv] = acc;
           }
       }

@@ -5,7 +5,7 @@
 // One CTA per (chunk c, value head h) writes that pair's chunk block (workspace.h):
 //   inputs  q, k [64 rows][128] of qk head h / (HV / H), v [64][128], g [64][128] (or [64]),
 //           beta [64]; rows r >= C' (chunk length) read as zeros, their gamma and beta as 0.
-//   outputs Qt, W, Kh bf16 [64][128], M bf16 [64][64], U0 fp32 [64][128], decay fp32 [128].
+//   outputs Qt, W, Kh (hi and lo) bf16 [64][128], M bf16 [64][64], U0 fp32 [64][128], decay fp32 [128].
 // with b2_r the base-2 running gate sum, c_R = b2 at the last row of 16-row sub-block R
 // (c_{-1} = 0), qn = scale * q / ||q||, kn = k / ||k|| (norms optional), and
 //   E_r = exp2(b2_r - c_{R-1}) <= 1,  F_r = exp2(c_R - b2_r) <= 1         (r in sub-block R)
@@ -382,7 +382,13 @@ __global__ void __launch_bounds__(kThreads, 2) kda_prefill_prep_sm90_kernel(cons
           kd[e] = kn[e] * fast_exp2(m_cur[e] - b2[j][e]);  // exp2(m_R - b2) <= 2^96, or 0
           if (m_cur[e] == -INFINITY) scratch[r * kHeadDim + c0 + e] = b2[j][e];
         }
-        *reinterpret_cast<uint4*>(blk + Layout::kKhOffset + size_t(r) * 256 + c0 * 2) = pack8(kh);
+        uint4 kh_hi, kh_lo;
+        kdakit::cuda::split_bf16x2(kh[0], kh[1], kh_hi.x, kh_lo.x);
+        kdakit::cuda::split_bf16x2(kh[2], kh[3], kh_hi.y, kh_lo.y);
+        kdakit::cuda::split_bf16x2(kh[4], kh[5], kh_hi.z, kh_lo.z);
+        kdakit::cuda::split_bf16x2(kh[6], kh[7], kh_hi.w, kh_lo.w);
+        *reinterpret_cast<uint4*>(blk + Layout::kKhOffset + size_t(r) * 256 + c0 * 2) = kh_hi;
+        *reinterpret_cast<uint4*>(blk + Layout::kKhLoOffset + size_t(r) * 256 + c0 * 2) = kh_lo;
         *reinterpret_cast<uint4*>(smem + Plan::kKbOffset + swz(kb_row_offset(R) + r, ch0)) = pack8(kd);
       }
 #pragma unroll

@@ -27,15 +27,17 @@ struct Config {
   static constexpr int kMaxRegisters = 255;
 
   // Two stages: chunk j+1's block lands while chunk j is computed. A third stage would not fit
-  // at 128 rows (3 x 88.5 KB) and the load of one block (~90 KB) takes less time than the
-  // ~224 MMAs per warp of one chunk.
+  // at 128 rows (3 x 105 KB) and the load of one block (~105 KB) takes less time than the
+  // ~424 MMAs per warp of one chunk.
   static constexpr int kStages = 2;
 
   // ---- shared memory plan (bytes; every TMA destination 1024-byte aligned for the 128B swizzle)
   struct SharedMemoryPlan {
-    // Qt, W, Kh of one chunk as two column halves [2][192 rows][64 cols] bf16, 128B-swizzled:
-    // row 64 a + r of half c is array a (0 Qt, 1 W, 2 Kh), token r, key channels 64 c .. 64 c + 63.
-    static constexpr size_t kQwkBytes = 2 * 3 * kChunk * 64 * 2;  // 48 KiB
+    // Qt, W, Kh, Kh lo of one chunk as two column halves [2][256 rows][64 cols] bf16,
+    // 128B-swizzled: row 64 a + r of half c is array a (0 Qt, 1 W, 2 Kh, 3 Kh lo), token r, key
+    // channels 64 c .. 64 c + 63.
+    static constexpr int kQwkArrays = 4;
+    static constexpr size_t kQwkBytes = 2 * kQwkArrays * kChunk * 64 * 2;  // 64 KiB
     static constexpr size_t kMBytes = kChunk * kChunk * 2;        // M [64][64] bf16, swizzled
     static constexpr size_t kU0Bytes = kChunk * kValueRows * 4;   // U0 [64][kValueRows] fp32
     static constexpr size_t kDecayBytes = kHeadDim * 4;           // decay [128] fp32
@@ -46,13 +48,15 @@ struct Config {
     static constexpr size_t kStageBytes = align_up(kDecayOffset + kDecayBytes, 1024);
     static constexpr uint32_t kStageTxBytes = uint32_t(kQwkBytes + kMBytes + kU0Bytes + kDecayBytes);
 
-    // Output staging: per consumer warp O[64 tokens][16 value ch] bf16 with a 24-element row
-    // pitch (48 B), so the fragment stores hit distinct banks and 16-byte reads stay aligned.
-    static constexpr int kOPitch = 24;
-    static constexpr size_t kOWarpBytes = kChunk * kOPitch * 2;
-    static constexpr size_t kOOffset = kStages * kStageBytes;
-    static constexpr size_t kBarrierOffset = kOOffset + kConsumerWarps * kOWarpBytes;  // full[], empty[]
-    static constexpr size_t kBytes = kBarrierOffset + 2 * kStages * 8;
+    // Output staging: each warp's O [64 tokens][16 value ch] bf16 goes into its own 16 columns of
+    // the stage's U0 slice (64 bytes of each U0 row; only this warp reads them, at the start of
+    // the chunk), so the stage is released after the output's global stores. NOTE: a separate
+    // staging area (24 KB at 128 rows) no longer fits beside two stages that carry Kh lo.
+    static constexpr size_t kU0RowBytes = kValueRows * 4;
+    static constexpr size_t kBarrierOffset = kStages * kStageBytes;  // full[], empty[]
+    // CTA-uniform flags that must not hold a register through the chunk loop (kernel.cuh)
+    static constexpr size_t kFlagsOffset = kBarrierOffset + 2 * kStages * 8;
+    static constexpr size_t kBytes = kFlagsOffset + 16;
     // Dynamic shared memory is only 16-byte aligned by the runtime: the kernel rounds its base
     // up to 1024, so ask for that much more.
     static constexpr size_t kAllocBytes = kBytes + 1024;

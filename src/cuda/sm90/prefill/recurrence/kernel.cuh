@@ -5,10 +5,11 @@
 //   U^T = U0^T - S0^T W^T                      [V x 64]   (the chain's first product)
 //   O^T = S0^T Qt^T + U^T M^T                  [V x 64]   (output, off the chain)
 //   S^T = S0^T diag(decay) + U^T Kh            [V x K]    (the chain's second product)
-// with Qt, W, Kh [64 tokens][128 keys] bf16, M [64][64] bf16 (lower triangular), U0 [64][128]
-// fp32 and decay [128] fp32 read from the chunk block (c, h) of the workspace. S0^T and U^T
-// are rounded to bf16 only as MMA operands; the master state stays fp32 in registers from the
-// first chunk to the last, whatever the storage dtype of the initial/final state.
+// with Qt, W, Kh (hi and lo) [64 tokens][128 keys] bf16, M [64][64] bf16 (lower triangular), U0
+// [64][128] fp32 and decay [128] fp32 read from the chunk block (c, h) of the workspace. S0^T
+// and U^T are rounded to bf16 only as MMA operands (S0^T as hi + lo against W, U^T as hi + lo
+// everywhere); the master state stays fp32 in registers from the first chunk to the last,
+// whatever the storage dtype of the initial/final state.
 //
 // Grid: one CTA per (sequence n, value head h, value slice z), flattened with z fastest; the
 // CTA owns value rows [z * kValueRows, (z + 1) * kValueRows). Value rows never mix, so the split
@@ -23,13 +24,16 @@
 //   issues the TMA loads.
 // Pipeline: stage s = j % 2 holds chunk j; full[s] completes when its bytes landed (TMA
 // transaction count), empty[s] when every warp has read it; thread 0 then loads chunk j + 2
-// into it, so each load has a whole chunk of compute to land. Per chunk and warp: 64 + 64 MMAs
-// (W, Qt against S0), 128 (Kh against U as bf16 hi + lo), 40 (M against U as hi + lo, the upper
-// 16x16 blocks of the lower-triangular M skipped).
+// into it, so each load has a whole chunk of compute to land. Per chunk and warp: 128 + 64 MMAs
+// (W against S0 as hi + lo, Qt against S0), 192 (Kh hi against U hi + lo, Kh lo against U hi), 40
+// (M against U as hi + lo, the upper 16x16 blocks of the lower-triangular M skipped).
+// NOTE: the two extra passes (S0 lo against W, U against Kh lo) hold the fp32 final state of
+// slow-decay inputs under 2e-3 relative L2 (3.2e-3 without them; the rounding model in
+// docs/design/20261201-prefill-segments.md puts the pair at 1.8-1.9e-3, and each alone above 2e-3).
 //
-// Shared memory (config.h): per stage Qt/W/Kh 48 KiB + M 8 KiB (128B-swizzled, so the 8 rows of
-// each ldmatrix hit distinct banks) + U0 slice [64][kValueRows] fp32 + decay; per consumer warp
-// an output staging tile; the barriers.
+// Shared memory (config.h): per stage Qt/W/Kh/Kh lo 64 KiB + M 8 KiB (128B-swizzled, so the 8
+// rows of each ldmatrix hit distinct banks) + U0 slice [64][kValueRows] fp32 (each warp stages
+// its output in its own U0 columns once it has read them) + decay; the barriers.
 #pragma once
 
 #include <cuda.h>
@@ -87,21 +91,29 @@ __device__ __forceinline__ uint32_t phi_offset(int row, int col) {
 }
 
 struct TmaParams {
-  CUtensorMap qwk;  // bf16 [blocks][192 rows = Qt|W|Kh][128], box 64 cols x 192 rows, 128B swizzle
+  CUtensorMap qwk;  // bf16 [blocks][256 rows = Qt|W|Kh|Kh lo][128], box 64 cols x 256 rows, 128B swizzle
   CUtensorMap m;    // bf16 [blocks][64][64], box 64 x 64, 128B swizzle
   CUtensorMap u0;   // fp32 [blocks][64][128], box kValueRows x 64, no swizzle
 };
 
 // ---- swizzled shared-memory addresses ---------------------------------------------------------
-// Qt/W/Kh tile: two halves [192 rows][64 cols] bf16; 16-byte chunk c of row r sits at chunk
-// c ^ (r % 8) (the TMA 128B swizzle; tile base 1024-byte aligned).
+// Qt/W/Kh/Kh lo tile: two halves [256 rows][64 cols] bf16; 16-byte chunk c of row r sits at
+// chunk c ^ (r % 8) (the TMA 128B swizzle; tile base 1024-byte aligned).
 __device__ __forceinline__ uint32_t qwk_addr(uint32_t base, int row, int chunk16) {
-  constexpr uint32_t kHalfBytes = 3 * kChunk * 128;
+  constexpr uint32_t kHalfBytes = 4 * kChunk * 128;
   return base + uint32_t(chunk16 >> 3) * kHalfBytes + uint32_t(row) * 128u +
          uint32_t(((chunk16 & 7) ^ (row & 7)) << 4);
 }
 __device__ __forceinline__ uint32_t m_addr(uint32_t base, int row, int chunk16) {
   return base + uint32_t(row) * 128u + uint32_t(((chunk16 & 7) ^ (row & 7)) << 4);
+}
+// Byte offset of output element (token tok, value column col < 16) in a warp's staging band: U0
+// row tok (kRowBytes apart), the warp's 64 bytes of it, 16-byte piece (col / 8 + tok / 2) mod 4
+// of those. NOTE: the 4 tokens of one fragment store (2 quad + {0, 1} apart) then use 4 distinct
+// pieces: rows kRowBytes apart share banks whenever kRowBytes is a multiple of 128.
+template <int kRowBytes>
+__device__ __forceinline__ uint32_t o_stage_offset(int tok, int col) {
+  return uint32_t(tok) * kRowBytes + uint32_t(((col >> 3) * 2 + (tok >> 1)) & 3) * 16u + uint32_t(col & 7) * 2u;
 }
 
 // ---- the kernel -------------------------------------------------------------------------------
@@ -153,6 +165,10 @@ __global__ void __launch_bounds__(Config<kValueRows>::kThreads) __maxnreg__(Conf
   const int ls = p.segment_chunks > 0 ? p.segment_chunks : max(seq_chunks, 1);
   const int nseg = max(1, (seq_chunks + ls - 1) / ls);
   if (kSummary ? seg >= nseg - 1 : seg >= nseg) return;
+  // NOTE: whether this is the last segment goes to shared memory and is read back after the
+  // chunk loop: kept in a register (nseg) through the loop it was the one value spilled at 16
+  // and 32 value rows.
+  volatile int* last_segment_flag = reinterpret_cast<volatile int*>(smem + Smem::kFlagsOffset);
   const int j_begin = seg * ls;
   const int num_chunks = min(seq_chunks - j_begin, ls);
 
@@ -162,6 +178,7 @@ __global__ void __launch_bounds__(Config<kValueRows>::kThreads) __maxnreg__(Conf
       ptx::mbarrier_init(&full[s], 1);
       ptx::mbarrier_init(&empty[s], Cfg::kConsumerWarps);
     }
+    *last_segment_flag = seg == nseg - 1 ? 1 : 0;
     ptx::fence_barrier_init();
   }
   __syncthreads();
@@ -246,9 +263,6 @@ __global__ void __launch_bounds__(Config<kValueRows>::kThreads) __maxnreg__(Conf
   const int ldt_row = (lane % 8) + 8 * ((lane / 8) % 2);
   const int ldt_chunk = lane / 16;
 
-  uint8_t* o_stage = smem + Smem::kOOffset + warp * Smem::kOWarpBytes;
-  __nv_bfloat16* o_tile = reinterpret_cast<__nv_bfloat16*>(o_stage);
-
   for (int j = 0; j < num_chunks; ++j) {
     const int jg = j_begin + j;  // chunk of the sequence
     // ---- chunk state before chunk jg (prefix caching)
@@ -266,8 +280,11 @@ __global__ void __launch_bounds__(Config<kValueRows>::kThreads) __maxnreg__(Conf
     const uint32_t qt_base = qwk_base;                 // rows 0 .. 63
     const uint32_t w_base = qwk_base + kChunk * 128;   // rows 64 .. 127
     const uint32_t kh_base = qwk_base + 2 * kChunk * 128;
+    const uint32_t kh_lo_base = qwk_base + 3 * kChunk * 128;
     const uint32_t m_base = ptx::smem_addr(stage + Smem::kMOffset);
     const float* u0 = reinterpret_cast<const float*>(stage + Smem::kU0Offset);
+    // this warp's output staging band: its 16 columns of every U0 row (read above first)
+    uint8_t* const o_band = smem + s * Smem::kStageBytes + Smem::kU0Offset + warp * 64;
     const float* decay = reinterpret_cast<const float*>(stage + Smem::kDecayOffset);
 
     // ---- acc_u = -U0^T; it becomes W S0 - U0 = -U^T below
@@ -288,17 +305,20 @@ __global__ void __launch_bounds__(Config<kValueRows>::kThreads) __maxnreg__(Conf
       acc_o[t][0] = acc_o[t][1] = acc_o[t][2] = acc_o[t][3] = 0.f;
     }
 
-    // ---- acc_u += S0^T W^T, acc_o += S0^T Qt^T (k = key channels, n = tokens)
+    // ---- acc_u += S0^T W^T (S0 as hi + lo), acc_o += S0^T Qt^T (hi) (k = key channels, n = tokens)
     #pragma unroll
     for (int ks = 0; ks < 8; ++ks) {
-      const uint32_t a[4] = {ptx::pack_bf16(state[2 * ks][0], state[2 * ks][1]),
-                             ptx::pack_bf16(state[2 * ks][2], state[2 * ks][3]),
-                             ptx::pack_bf16(state[2 * ks + 1][0], state[2 * ks + 1][1]),
-                             ptx::pack_bf16(state[2 * ks + 1][2], state[2 * ks + 1][3])};
+      uint32_t a[4], a_lo[4];
+      ptx::split_bf16(state[2 * ks][0], state[2 * ks][1], a[0], a_lo[0]);
+      ptx::split_bf16(state[2 * ks][2], state[2 * ks][3], a[1], a_lo[1]);
+      ptx::split_bf16(state[2 * ks + 1][0], state[2 * ks + 1][1], a[2], a_lo[2]);
+      ptx::split_bf16(state[2 * ks + 1][2], state[2 * ks + 1][3], a[3], a_lo[3]);
       #pragma unroll
       for (int tp = 0; tp < 4; ++tp) {
         uint32_t b[4];
         ptx::ldmatrix_x4(b, qwk_addr(w_base, 16 * tp + ld_row, 2 * ks + ld_chunk));
+        ptx::mma_bf16_16816(acc_u[2 * tp], a_lo, b[0], b[1]);
+        ptx::mma_bf16_16816(acc_u[2 * tp + 1], a_lo, b[2], b[3]);
         ptx::mma_bf16_16816(acc_u[2 * tp], a, b[0], b[1]);
         ptx::mma_bf16_16816(acc_u[2 * tp + 1], a, b[2], b[3]);
         if constexpr (!kSummary) {
@@ -338,15 +358,18 @@ __global__ void __launch_bounds__(Config<kValueRows>::kThreads) __maxnreg__(Conf
       }
     }
 
-    // ---- O: fragments -> staging tile [64 tokens][16 value rows] (frees acc_o before the state
-    // update; written to global rows of 32 bytes below)
+    // ---- O: fragments -> the warp's staging band (frees acc_o before the state update; written
+    // to global rows of 32 bytes below). NOTE: every lane of the warp read its U0 columns at the
+    // top of the chunk; the syncwarp orders those reads before these stores.
+    __syncwarp();
     #pragma unroll
     for (int t = 0; t < (kSummary ? 0 : 8); ++t) {
+      constexpr int kRB = int(Smem::kU0RowBytes);
       const int tok = 8 * t + 2 * quad;
-      o_tile[tok * Smem::kOPitch + group] = __float2bfloat16_rn(acc_o[t][0]);
-      o_tile[(tok + 1) * Smem::kOPitch + group] = __float2bfloat16_rn(acc_o[t][1]);
-      o_tile[tok * Smem::kOPitch + group + 8] = __float2bfloat16_rn(acc_o[t][2]);
-      o_tile[(tok + 1) * Smem::kOPitch + group + 8] = __float2bfloat16_rn(acc_o[t][3]);
+      *reinterpret_cast<__nv_bfloat16*>(o_band + o_stage_offset<kRB>(tok, group)) = __float2bfloat16_rn(acc_o[t][0]);
+      *reinterpret_cast<__nv_bfloat16*>(o_band + o_stage_offset<kRB>(tok + 1, group)) = __float2bfloat16_rn(acc_o[t][1]);
+      *reinterpret_cast<__nv_bfloat16*>(o_band + o_stage_offset<kRB>(tok, group + 8)) = __float2bfloat16_rn(acc_o[t][2]);
+      *reinterpret_cast<__nv_bfloat16*>(o_band + o_stage_offset<kRB>(tok + 1, group + 8)) = __float2bfloat16_rn(acc_o[t][3]);
     }
 
     // ---- S^T = S0^T diag(decay) + U^T Kh (k = tokens, n = key channels)
@@ -363,17 +386,52 @@ __global__ void __launch_bounds__(Config<kValueRows>::kThreads) __maxnreg__(Conf
       #pragma unroll
       for (int np = 0; np < 8; ++np) {
         uint32_t b[4];
+        // NOTE: Kh lo goes into the registers of Kh once Kh's four products are issued
+        // (separate fragments spilled at 16 and 32 value rows)
         ptx::ldmatrix_x4_trans(b, qwk_addr(kh_base, 16 * ts + ldt_row, 2 * np + ldt_chunk));
         ptx::mma_bf16_16816(state[2 * np], ua_lo[ts], b[0], b[1]);
         ptx::mma_bf16_16816(state[2 * np + 1], ua_lo[ts], b[2], b[3]);
         ptx::mma_bf16_16816(state[2 * np], ua[ts], b[0], b[1]);
         ptx::mma_bf16_16816(state[2 * np + 1], ua[ts], b[2], b[3]);
+        ptx::ldmatrix_x4_trans(b, qwk_addr(kh_lo_base, 16 * ts + ldt_row, 2 * np + ldt_chunk));
+        ptx::mma_bf16_16816(state[2 * np], ua[ts], b[0], b[1]);
+        ptx::mma_bf16_16816(state[2 * np + 1], ua[ts], b[2], b[3]);
       }
     }
 
-    // Every read of this stage is done: release it; the issuer refills it with chunk j + kStages
+    // ---- O: the staging band -> global (before the stage is released: the band is in it)
+    if constexpr (!kSummary) {
+      constexpr int kRB = int(Smem::kU0RowBytes);
+      __syncwarp();
+      const int valid = min(kChunk, seq_len - jg * kChunk);
+      __nv_bfloat16* o_chunk = o_seq + int64_t(jg) * kChunk * p.stride_o_t;
+      if (p.o_vec16) {
+        #pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const int tok = 16 * i + lane / 2;
+          const int col = 8 * (lane % 2);
+          if (tok < valid)
+            *reinterpret_cast<uint4*>(o_chunk + tok * p.stride_o_t + col) =
+                *reinterpret_cast<const uint4*>(o_band + o_stage_offset<kRB>(tok, col));
+        }
+      } else {
+        #pragma unroll 4
+        for (int i = 0; i < 32; ++i) {
+          const int tok = 2 * i + lane / 16;
+          const int col = lane % 16;
+          if (tok < valid)
+            o_chunk[tok * p.stride_o_t + col] =
+                *reinterpret_cast<const __nv_bfloat16*>(o_band + o_stage_offset<kRB>(tok, col));
+        }
+      }
+    }
+
+    // Every access to this stage is done: release it; the issuer refills it with chunk j + kStages
     // once all warps have released it (a chunk ahead of its use).
+    // NOTE: the warp also wrote the stage (its output band): the proxy fence orders those
+    // generic-proxy writes before the TMA's async-proxy writes of the refill.
     __syncwarp();
+    ptx::fence_proxy_async_shared();
     if (lane == 0) ptx::mbarrier_arrive(&empty[s]);
     if (is_issuer && j + kStages < num_chunks) {
       ptx::mbarrier_wait(&empty[s], (j / kStages) & 1);
@@ -383,28 +441,6 @@ __global__ void __launch_bounds__(Config<kValueRows>::kThreads) __maxnreg__(Conf
       issue_chunk(j + kStages);
     }
 
-    if constexpr (kSummary) continue;
-    __syncwarp();
-    const int valid = min(kChunk, seq_len - jg * kChunk);
-    __nv_bfloat16* o_chunk = o_seq + int64_t(jg) * kChunk * p.stride_o_t;
-    if (p.o_vec16) {
-      #pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const int tok = 16 * i + lane / 2;
-        const int col = 8 * (lane % 2);
-        if (tok < valid)
-          *reinterpret_cast<uint4*>(o_chunk + tok * p.stride_o_t + col) =
-              *reinterpret_cast<const uint4*>(o_tile + tok * Smem::kOPitch + col);
-      }
-    } else {
-      #pragma unroll 4
-      for (int i = 0; i < 32; ++i) {
-        const int tok = 2 * i + lane / 16;
-        const int col = lane % 16;
-        if (tok < valid) o_chunk[tok * p.stride_o_t + col] = o_tile[tok * Smem::kOPitch + col];
-      }
-    }
-    __syncwarp();
   }
 
   if constexpr (kSummary) {
@@ -429,7 +465,7 @@ __global__ void __launch_bounds__(Config<kValueRows>::kThreads) __maxnreg__(Conf
   }
   // ---- final state, by the last segment (also for an empty sequence: the initial state passes
   // through bit for bit)
-  if (seg == nseg - 1) {
+  if (*last_segment_flag != 0) {
     void* fin = common::final_state_of(p, n, h);
     if (fin != nullptr) store_state(state, fin, vrow, quad, p);
   }
@@ -463,9 +499,12 @@ Status launch(const PrefillParams& p, const WorkspacePlan& plan, const void* wor
   const uint64_t num_blocks = std::max<uint64_t>(1, uint64_t(plan.max_chunks) * uint64_t(p.num_v_heads));
 
   TmaParams tma{};
+  constexpr int kQwkRows = Config<kValueRows>::SharedMemoryPlan::kQwkArrays * kChunk;  // 256: TMA's box limit
+  static_assert(ChunkBlockLayout::kKhLoOffset == ChunkBlockLayout::kQtOffset + 3 * kChunk * kHeadDim * 2,
+                "Qt, W, Kh, Kh lo must be consecutive [64][128] arrays: one TMA box covers them");
   Status st = encode_block_map(&tma.qwk, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, blocks + ChunkBlockLayout::kQtOffset,
-                               kHeadDim, 3 * kChunk, num_blocks, kHeadDim * 2, 64, 3 * kChunk,
-                               CU_TENSOR_MAP_SWIZZLE_128B, "Qt/W/Kh");
+                               kHeadDim, kQwkRows, num_blocks, kHeadDim * 2, 64, kQwkRows,
+                               CU_TENSOR_MAP_SWIZZLE_128B, "Qt/W/Kh/Kh lo");
   if (!st.ok()) return st;
   st = encode_block_map(&tma.m, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, blocks + ChunkBlockLayout::kMOffset, kChunk,
                         kChunk, num_blocks, kChunk * 2, kChunk, kChunk, CU_TENSOR_MAP_SWIZZLE_128B, "M");
