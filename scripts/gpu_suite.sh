@@ -75,6 +75,25 @@ if [ "$run_tests" = 1 ]; then
     done
   done
   grep -h "o vs whole" "$out/logs/prefill_gpu_test.log" | tee -a "$summary"
+  # The wgmma recurrence (KDAKIT_RECURRENCE=wgmma, opt-in until measured; it takes the 128-row
+  # CTAs, forced here) on every two-kernel case, whole sequences and segments of 2, then the
+  # sanitizers.
+  for sg in 0:128 2:128; do
+    for t in prefill_gpu_test prefill_pool_gpu_test; do
+      log="$out/logs/${t}_wgmma_s${sg//:/_}.log"
+      KDAKIT_RECURRENCE=wgmma KDAKIT_PREFILL_PATH=chunked KDAKIT_PREFILL_SEGMENTS=$sg timeout 300 "$stage/bin/$t" \
+        --gtest_brief=1 --gtest_filter='-*PrefillSegmentsGpu*' >"$log" 2>&1
+      echo "gtest $t[wgmma recurrence, segments $sg] rc=$? $(grep -E '^\[  (PASSED|FAILED|SKIPPED) ' "$log" | tr -s ' ' | tr '\n' ' ')" | tee -a "$summary"
+      grep -E '^\[  FAILED  \].*\(' "$log" | head -3
+    done
+  done
+  for tool in memcheck racecheck synccheck; do
+    KDAKIT_RECURRENCE=wgmma KDAKIT_PREFILL_PATH=chunked KDAKIT_PREFILL_SEGMENTS=0:128 timeout 180 \
+      compute-sanitizer --tool $tool \
+      "$stage/bin/prefill_gpu_test" --gtest_filter='*long_packed_softplus*:*many_short*:*strided*' \
+      >"$out/logs/${tool}_wgmma.log" 2>&1
+    echo "$tool wgmma recurrence rc=$? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$out/logs/${tool}_wgmma.log" | tr '\n' ' ')" | tee -a "$summary"
+  done
   for tool in memcheck racecheck; do
     KDAKIT_PREFILL_PATH=chunked KDAKIT_PREFILL_SEGMENTS=2 timeout 180 compute-sanitizer --tool $tool \
       "$stage/bin/prefill_gpu_test" --gtest_filter='*long_packed_softplus*:*many_short*:*long_fixed_gva*' \

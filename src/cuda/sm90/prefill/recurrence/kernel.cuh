@@ -72,6 +72,7 @@ struct KernelParams : common::StateParams {
   __nv_bfloat16* o;              // [B, T, HV, V]
   int64_t stride_o_b, stride_o_t, stride_o_h;
   bool o_vec16;                  // o rows are 16-byte aligned: 16-byte stores
+  bool o_pairs;                  // two neighbouring value channels are one aligned 4-byte store (wgmma.cuh)
 
   // segments (workspace.h): segment_chunks = 0 runs whole sequences (max_segments = 1)
   uint8_t* segments;              // the segment area
@@ -477,6 +478,11 @@ inline Status cuda_status(cudaError_t err, const char* what, int line) {
                                             ": " + cudaGetErrorString(err));
 }
 
+// The wgmma version of the 128-row recurrence (wgmma.cuh, instantiations/wgmma_rows128.cu):
+// KDAKIT_RECURRENCE=wgmma (read once) selects it, and its launcher.
+bool use_wgmma_recurrence();
+Status launch_wgmma(const KernelParams& kp, const TmaParams& tma, int64_t num_ctas, cudaStream_t stream);
+
 }  // namespace kdakit::sm90::prefill::recurrence
 
 namespace kdakit::sm90::prefill::recurrence {
@@ -530,6 +536,8 @@ Status launch(const PrefillParams& p, const WorkspacePlan& plan, const void* wor
   kp.stride_o_t = p.stride_o_t;
   kp.stride_o_h = p.stride_o_h;
   kp.o_vec16 = o_vec16;
+  kp.o_pairs = reinterpret_cast<uintptr_t>(p.o) % 4 == 0 && p.stride_o_t % 2 == 0 && p.stride_o_h % 2 == 0 &&
+               (packed || p.stride_o_b % 2 == 0);
   static_cast<common::StateParams&>(kp) = common::state_params(p);
   kp.segments = const_cast<uint8_t*>(ws) + plan.segments_offset;
   kp.num_segment_slots = plan.num_segment_slots;
@@ -537,6 +545,14 @@ Status launch(const PrefillParams& p, const WorkspacePlan& plan, const void* wor
   kp.max_segments = plan.segment_chunks > 0 ? plan.max_segments : 1;
   if (kSummary && plan.segment_chunks <= 0) return Status(StatusCode::kInternal, "recurrence: summaries without segments");
 
+  if constexpr (kValueRows == 128 && !kSummary) {
+    if (use_wgmma_recurrence()) {
+      const int64_t wg_ctas = p.num_seqs * p.num_v_heads * kp.max_segments;
+      if (wg_ctas > int64_t(INT32_MAX))
+        return Status(StatusCode::kUnsupported, "recurrence: N * HV * segments must stay below 2^31");
+      return launch_wgmma(kp, tma, wg_ctas, stream);
+    }
+  }
   auto kernel = kda_prefill_recurrence_sm90_kernel<kValueRows, kSummary>;
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          int(Smem::kAllocBytes));

@@ -1,0 +1,319 @@
+// kda_prefill_recurrence_wgmma_sm90_kernel: the chunk-serial half of the two-kernel prefill on
+// warpgroup MMAs (wgmma), for CTAs of 128 value rows. Same math, workspace, stages, TMA maps and
+// grid as kda_prefill_recurrence_sm90_kernel (kernel.cuh), whose header has the equations; what
+// differs is who multiplies:
+//
+// Warps: two warpgroups; warpgroup c owns value rows 64 c .. 64 c + 63 of S^T as the fp32 m64n128
+//   wgmma accumulator (64 registers per thread; warp w of the group holds rows 16 w .. 16 w + 15
+//   in the mma.sync C layout, so the state I/O helpers of kernel.cuh apply unchanged). Thread 0
+//   issues the TMA loads, as in kernel.cuh.
+// Per chunk and warpgroup (m64, k16 steps; A from registers, B from the 128B-swizzled stage):
+//   U^T  = U0^T - S0^T W^T        8 x (hi + lo) m64n64 (U0 from the stage, S0 as bf16 hi + lo)
+//   O^T  = S0^T Qt^T + U^T M^T    8 + 4 x (hi + lo) m64n64
+//   S^T  = S0^T diag(decay) + U^T Kh   4 x 3 m64n128 (U hi x Kh, U lo x Kh, U hi x Kh lo)
+// The M product's group is committed before the state's; the output leaves from the accumulator
+// registers (neighbouring value channels paired through a shuffle) while the state's group runs.
+// NOTE: wgmma issues the chain's products asynchronously and at the full tensor rate of the
+// SM; kernel.cuh's mma.sync spends about half of each ~3.9 us chunk on the MMA issue alone
+// (docs/design/20261129-prefill.md). Not yet run on a GPU: launched only with
+// KDAKIT_RECURRENCE=wgmma (tests, benchmarks) until it is measured.
+#pragma once
+
+#include "cuda/sm90/prefill/common/gmma.cuh"
+#include "cuda/sm90/prefill/recurrence/kernel.cuh"
+
+namespace kdakit::sm90::prefill::recurrence {
+
+// Descriptors of the stage's Qt/W/Kh/Kh lo tile (two column halves of kQwkArrays x 64 rows):
+// array a (0 Qt, 1 W, 2 Kh, 3 Kh lo) as a K-major B over the 128 key channels (k-step kk), and as
+// an MN-major B over the 64 tokens (k-step ks, N = the 128 key channels in two 64-column halves).
+template <int kHalfBytes>
+__device__ __forceinline__ uint64_t qwk_desc_k(uint32_t qwk_base, int a, int kk) {
+  return ptx::smem_desc(qwk_base + uint32_t(kk >> 2) * uint32_t(kHalfBytes) + uint32_t(a) * (kChunk * 128u) +
+                            uint32_t(kk & 3) * 32u,
+                        16, 1024);
+}
+template <int kHalfBytes>
+__device__ __forceinline__ uint64_t qwk_desc_mn(uint32_t qwk_base, int a, int ks) {
+  return ptx::smem_desc(qwk_base + uint32_t(a) * (kChunk * 128u) + uint32_t(ks) * 2048u, uint32_t(kHalfBytes), 1024);
+}
+// M [64 r][64 s] (K = s): K-major.
+__device__ __forceinline__ uint64_t m_desc(uint32_t m_base, int ks) {
+  return ptx::smem_desc(m_base + uint32_t(ks) * 32u, 16, 1024);
+}
+
+template <int N>
+__device__ __forceinline__ void fence_accumulator(float (&x)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(x[i])::"memory");
+}
+
+inline constexpr int kWgThreads = 256;  // two warpgroups
+
+__global__ void __launch_bounds__(kWgThreads, 1)
+    kda_prefill_recurrence_wgmma_sm90_kernel(const __grid_constant__ KernelParams p, const __grid_constant__ TmaParams tma) {
+  using Cfg = Config<128>;
+  using Smem = typename Cfg::SharedMemoryPlan;
+  constexpr int kStages = Cfg::kStages;
+  constexpr int kHalfBytes = int(Smem::kQwkArrays) * kChunk * 128;
+  static_assert(Smem::kQwkArrays == 4, "the state update reads Kh lo (array 3)");
+  static_assert(Cfg::kConsumerWarps * 32 == kWgThreads, "128 value rows: 8 warps, two warpgroups");
+
+  extern __shared__ uint8_t smem_raw[];
+  uint8_t* smem = smem_raw + ((1024u - (ptx::smem_addr(smem_raw) & 1023u)) & 1023u);
+  uint64_t* full = reinterpret_cast<uint64_t*>(smem + Smem::kBarrierOffset);
+  uint64_t* empty = full + kStages;
+
+  // Grid order (fastest first): segment, value head, sequence (one CTA covers all 128 rows).
+  const int64_t cta = blockIdx.x;
+  const int seg = int(cta % p.max_segments);
+  const int h = int((cta / p.max_segments) % p.num_v_heads);
+  const int n = int(cta / p.max_segments / p.num_v_heads);
+  const int warp = threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  const int wg = warp / 4;
+  const int HV = p.num_v_heads;
+
+  int chunk_begin = p.chunk_offsets[n];
+  int seq_chunks = p.chunk_offsets[n + 1] - chunk_begin;
+  chunk_begin = max(0, min(chunk_begin, int(p.max_chunks)));
+  seq_chunks = max(0, min(seq_chunks, int(p.max_chunks) - chunk_begin));
+  const int ls = p.segment_chunks > 0 ? p.segment_chunks : max(seq_chunks, 1);
+  const int nseg = max(1, (seq_chunks + ls - 1) / ls);
+  if (seg >= nseg) return;
+  const int j_begin = seg * ls;
+  const int num_chunks = min(seq_chunks - j_begin, ls);
+  volatile int* last_segment_flag = reinterpret_cast<volatile int*>(smem + Smem::kFlagsOffset);
+
+  if (threadIdx.x == 0) {
+#pragma unroll
+    for (int s = 0; s < kStages; ++s) {
+      ptx::mbarrier_init(&full[s], 1);
+      ptx::mbarrier_init(&empty[s], Cfg::kConsumerWarps);
+    }
+    *last_segment_flag = seg == nseg - 1 ? 1 : 0;
+    ptx::fence_barrier_init();
+  }
+  __syncthreads();
+
+  auto issue_chunk = [&](int j) {
+    const int s = j % kStages;
+    uint8_t* stage = smem + s * Smem::kStageBytes;
+    const int block = (chunk_begin + j_begin + j) * HV + h;
+    ptx::mbarrier_arrive_expect_tx(&full[s], Smem::kStageTxBytes);
+    ptx::tma_load_3d(stage + Smem::kQwkOffset, &tma.qwk, &full[s], 0, 0, block);
+    ptx::tma_load_3d(stage + Smem::kQwkOffset + Smem::kQwkBytes / 2, &tma.qwk, &full[s], 64, 0, block);
+    ptx::tma_load_3d(stage + Smem::kMOffset, &tma.m, &full[s], 0, 0, block);
+    ptx::tma_load_3d(stage + Smem::kU0Offset, &tma.u0, &full[s], 0, 0, block);
+    ptx::bulk_load(stage + Smem::kDecayOffset,
+                   p.chunk_blocks + size_t(block) * kChunkBlockBytes + ChunkBlockLayout::kDecayOffset,
+                   uint32_t(Smem::kDecayBytes), &full[s]);
+  };
+  const bool is_issuer = threadIdx.x == 0;
+  if (is_issuer && num_chunks > 0) {
+    ptx::prefetch_tensormap(&tma.qwk);
+    ptx::prefetch_tensormap(&tma.m);
+    ptx::prefetch_tensormap(&tma.u0);
+    for (int j = 0; j < min(kStages, num_chunks); ++j) issue_chunk(j);
+  }
+
+  const int g = lane / 4, t = lane % 4;
+  const int vrow = 64 * wg + 16 * (warp % 4) + g;  // value row of c0/c1 (c2/c3: vrow + 8)
+
+  float state[64];
+  float(&state4)[16][4] = reinterpret_cast<float(&)[16][4]>(state);
+  if (nseg >= 2) {
+    const int64_t slot = segment_slot(chunk_begin, seg == 0 ? 0 : seg - 1, ls);
+    const uint8_t* area = segment_at(p, slot, h) + (seg == 0 ? SegmentLayout::kPhiHiOffset : SegmentLayout::kPsiOffset);
+    load_state(state4, area, vrow, t, common::segment_state_view());
+  } else {
+    const void* init = common::initial_state_of(p, n, h);
+    if (init != nullptr) {
+      load_state(state4, init, vrow, t, p);
+    } else {
+#pragma unroll
+      for (int i = 0; i < 64; ++i) state[i] = 0.f;
+    }
+  }
+
+  const int seq_len = p.seq_len[n];
+  const int64_t seq_start = p.seq_start[n];
+  __nv_bfloat16* o_seq = p.o + (p.packed ? 0 : int64_t(n) * p.stride_o_b) + seq_start * p.stride_o_t +
+                         int64_t(h) * p.stride_o_h + 64 * wg + 16 * (warp % 4);
+
+  int64_t chunk_state_base = 0;
+  const int chunks_per_state = p.chunk_states != nullptr ? p.chunk_state_interval / kChunk : 0;
+  const bool write_chunk_states = chunks_per_state > 0;
+  if (write_chunk_states) {
+    for (int m = lane; m < n; m += 32) {
+      const int len = max(p.seq_len[m], 0);
+      chunk_state_base += (len + p.chunk_state_interval - 1) / p.chunk_state_interval;
+    }
+#pragma unroll
+    for (int off = 16; off > 0; off /= 2) chunk_state_base += __shfl_xor_sync(0xffffffffu, chunk_state_base, off);
+  }
+
+  for (int j = 0; j < num_chunks; ++j) {
+    const int jg = j_begin + j;
+    if (write_chunk_states && jg % chunks_per_state == 0) {
+      const int64_t off = common::chunk_state_offset(p, chunk_state_base + jg / chunks_per_state, h);
+      if (off >= 0)
+        store_state(state4, state_at(p.chunk_states, off, p.chunk_bf16), vrow, t,
+                    common::StateView{p.k_first, p.chunk_bf16, p.chunk_pairs});
+    }
+
+    const int s = j % kStages;
+    ptx::mbarrier_wait(&full[s], (j / kStages) & 1);
+    const uint8_t* stage = smem + s * Smem::kStageBytes;
+    const uint32_t qwk_base = ptx::smem_addr(stage + Smem::kQwkOffset);
+    const uint32_t m_base = ptx::smem_addr(stage + Smem::kMOffset);
+    const float* u0 = reinterpret_cast<const float*>(stage + Smem::kU0Offset);
+    const float* decay = reinterpret_cast<const float*>(stage + Smem::kDecayOffset);
+
+    // ---- accU = U0^T (value rows x tokens, the m64n64 accumulator layout), accO = 0
+    float accU[32], accO[32];
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt) {
+#pragma unroll
+      for (int hr = 0; hr < 2; ++hr) {
+        const int tok = 8 * nt + 2 * t;
+        const int col = vrow + 8 * hr;
+        accU[4 * nt + 2 * hr] = u0[tok * 128 + col];
+        accU[4 * nt + 2 * hr + 1] = u0[(tok + 1) * 128 + col];
+      }
+    }
+
+    // ---- accU -= S0^T W^T (S0 as hi + lo), accO = S0^T Qt^T (hi); one key-channel half at a time
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      uint32_t sa[4][4], sl[4][4];
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int kk = 4 * half + i;
+        ptx::split_bf16(state4[2 * kk][0], state4[2 * kk][1], sa[i][0], sl[i][0]);
+        ptx::split_bf16(state4[2 * kk][2], state4[2 * kk][3], sa[i][1], sl[i][1]);
+        ptx::split_bf16(state4[2 * kk + 1][0], state4[2 * kk + 1][1], sa[i][2], sl[i][2]);
+        ptx::split_bf16(state4[2 * kk + 1][2], state4[2 * kk + 1][3], sa[i][3], sl[i][3]);
+      }
+      ptx::wgmma_fence();
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int kk = 4 * half + i;
+        common::gmma_rs<common::OpNegRS64>(sl[i], qwk_desc_k<kHalfBytes>(qwk_base, 1, kk), accU, true);
+        common::gmma_rs<common::OpNegRS64>(sa[i], qwk_desc_k<kHalfBytes>(qwk_base, 1, kk), accU, true);
+        common::gmma_rs<common::OpRS64>(sa[i], qwk_desc_k<kHalfBytes>(qwk_base, 0, kk), accO, kk > 0);
+      }
+      ptx::wgmma_commit();
+      ptx::wgmma_wait<0>();
+      fence_accumulator(accU);
+      fence_accumulator(accO);
+    }
+
+    // ---- U^T as bf16 hi + lo A fragments (k = tokens)
+    uint32_t uh[4][4], ul[4][4];
+#pragma unroll
+    for (int ks = 0; ks < 4; ++ks) {
+      ptx::split_bf16(accU[8 * ks], accU[8 * ks + 1], uh[ks][0], ul[ks][0]);
+      ptx::split_bf16(accU[8 * ks + 2], accU[8 * ks + 3], uh[ks][1], ul[ks][1]);
+      ptx::split_bf16(accU[8 * ks + 4], accU[8 * ks + 5], uh[ks][2], ul[ks][2]);
+      ptx::split_bf16(accU[8 * ks + 6], accU[8 * ks + 7], uh[ks][3], ul[ks][3]);
+    }
+
+    // ---- accO += U^T M^T
+    ptx::wgmma_fence();
+#pragma unroll
+    for (int ks = 0; ks < 4; ++ks) {
+      common::gmma_rs<common::OpRS64>(ul[ks], m_desc(m_base, ks), accO, true);
+      common::gmma_rs<common::OpRS64>(uh[ks], m_desc(m_base, ks), accO, true);
+    }
+    ptx::wgmma_commit();
+
+    // ---- S^T = S0^T diag(decay) + U^T Kh (Kh as hi + lo)
+#pragma unroll
+    for (int nt = 0; nt < 16; ++nt) {
+      const float2 d = *reinterpret_cast<const float2*>(decay + 8 * nt + 2 * t);
+      state4[nt][0] *= d.x;
+      state4[nt][1] *= d.y;
+      state4[nt][2] *= d.x;
+      state4[nt][3] *= d.y;
+    }
+    ptx::wgmma_fence();
+#pragma unroll
+    for (int ks = 0; ks < 4; ++ks) {
+      common::gmma_rs<common::OpState>(ul[ks], qwk_desc_mn<kHalfBytes>(qwk_base, 2, ks), state, true);
+      common::gmma_rs<common::OpState>(uh[ks], qwk_desc_mn<kHalfBytes>(qwk_base, 3, ks), state, true);
+      common::gmma_rs<common::OpState>(uh[ks], qwk_desc_mn<kHalfBytes>(qwk_base, 2, ks), state, true);
+    }
+    ptx::wgmma_commit();
+
+    // ---- O, while the state's group runs: value rows vrow, vrow + 8 of tokens 8 nt + 2t, +1
+    ptx::wgmma_wait<1>();
+    fence_accumulator(accO);
+    {
+      const int valid = min(kChunk, seq_len - jg * kChunk);
+      __nv_bfloat16* o_chunk = o_seq + int64_t(jg) * kChunk * p.stride_o_t;
+      const bool odd = (g & 1) != 0;
+#pragma unroll
+      for (int nt = 0; nt < 8; ++nt) {
+#pragma unroll
+        for (int hr = 0; hr < 2; ++hr) {
+          const float c0 = accO[4 * nt + 2 * hr], c1 = accO[4 * nt + 2 * hr + 1];
+          const int tok = 8 * nt + 2 * t;
+          const int row = g + 8 * hr;  // value row within the warp's 16
+          if (p.o_pairs) {
+            // NOTE: lanes g and g ^ 1 swap one value, so each stores two neighbouring value
+            // channels of one token as a 4-byte word.
+            const float other = __shfl_xor_sync(0xffffffffu, odd ? c0 : c1, 4);
+            const int tk = odd ? tok + 1 : tok;
+            if (tk < valid) {
+              const __nv_bfloat162 pair = odd ? __floats2bfloat162_rn(other, c1) : __floats2bfloat162_rn(c0, other);
+              *reinterpret_cast<__nv_bfloat162*>(o_chunk + int64_t(tk) * p.stride_o_t + (row & ~1)) = pair;
+            }
+          } else {
+            if (tok < valid) o_chunk[int64_t(tok) * p.stride_o_t + row] = __float2bfloat16_rn(c0);
+            if (tok + 1 < valid) o_chunk[int64_t(tok + 1) * p.stride_o_t + row] = __float2bfloat16_rn(c1);
+          }
+        }
+      }
+    }
+    ptx::wgmma_wait<0>();
+    fence_accumulator(state);
+
+    // Every read of this stage is done (the wgmma reads completed at the wait above): release it.
+    __syncwarp();
+    if (lane == 0) ptx::mbarrier_arrive(&empty[s]);
+    if (is_issuer && j + kStages < num_chunks) {
+      ptx::mbarrier_wait(&empty[s], (j / kStages) & 1);
+      ptx::fence_proxy_async_shared();
+      issue_chunk(j + kStages);
+    }
+  }
+
+  // ---- final state, by the last segment (an empty sequence passes its initial state through)
+  if (*last_segment_flag != 0) {
+    void* fin = common::final_state_of(p, n, h);
+    if (fin != nullptr) store_state(state4, fin, vrow, t, p);
+  }
+}
+
+// KDAKIT_RECURRENCE=wgmma (read once): the 128-row recurrence runs on this kernel.
+bool use_wgmma_recurrence() {
+  static const bool on = [] {
+    const char* env = std::getenv("KDAKIT_RECURRENCE");
+    return env != nullptr && std::string(env) == "wgmma";
+  }();
+  return on;
+}
+
+Status launch_wgmma(const KernelParams& kp, const TmaParams& tma, int64_t num_ctas, cudaStream_t stream) {
+  using Smem = typename Config<128>::SharedMemoryPlan;
+  auto kernel = kda_prefill_recurrence_wgmma_sm90_kernel;
+  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(Smem::kAllocBytes));
+  if (err != cudaSuccess) return cuda_status(err, "cudaFuncSetAttribute(wgmma)", __LINE__);
+  kernel<<<dim3(unsigned(num_ctas)), kWgThreads, Smem::kAllocBytes, stream>>>(kp, tma);
+  err = cudaGetLastError();
+  if (err != cudaSuccess) return cuda_status(err, "kda_prefill_recurrence_wgmma_sm90_kernel launch", __LINE__);
+  return Status::Ok();
+}
+
+}  // namespace kdakit::sm90::prefill::recurrence
