@@ -4,8 +4,8 @@
 # FLA from a source tarball in .carry/peers (put on PYTHONPATH), FlashKDA if importable. Logs and
 # results go to $OUT; a short table is printed last.
 # Usage: scripts/gpu_suite.sh [--no-tests] [--no-bench] [--prefill-only] [--skip TEST_BINARY]...
-# [extra args for the prefill bench]. --prefill-only runs the prefill tests (default path, segments,
-# pool, sanitizers on segments) and the prefill benchmark alone. --skip leaves out one test binary (e.g. kdakit_decode_tests, whose ~540 variant
+# [extra args for the prefill bench]. --prefill-only runs the prefill tests (prep, recurrence, default
+# path, segments, pool, the wgmma recurrence, sanitizers, the prep timing) and the prefill benchmark alone. --skip leaves out one test binary (e.g. kdakit_decode_tests, whose ~540 variant
 # cases tests/cpp/decode/run_on_gpu.sh runs) to fit a device call's time limit.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -38,7 +38,9 @@ if [ "$run_tests" = 1 ]; then
   for t in "$stage"/bin/*; do
     name=$(basename "$t")
     case "$name" in *test*|serving_step) ;; *) continue ;; esac  # tools (prefill_prep_timing) are not tests
-    if [ "$prefill_only" = 1 ]; then case "$name" in prefill_gpu_test|prefill_pool_gpu_test) ;; *) continue ;; esac; fi
+    if [ "$prefill_only" = 1 ]; then
+      case "$name" in prefill_gpu_test|prefill_pool_gpu_test|prefill_prep_test|prefill_recurrence_test) ;; *) continue ;; esac
+    fi
     case "$skip" in *" $name "*) echo "gtest $name skipped (--skip)" | tee -a "$summary"; continue ;; esac
     timeout 300 "$t" --gtest_brief=1 >"$out/logs/$name.log" 2>&1
     echo "gtest $name rc=$? $(grep -E '^\[  (PASSED|FAILED|SKIPPED) ' "$out/logs/$name.log" | tr -s ' ' | tr '\n' ' ')" | tee -a "$summary"
@@ -93,6 +95,13 @@ if [ "$run_tests" = 1 ]; then
       "$stage/bin/prefill_gpu_test" --gtest_filter='*long_packed_softplus*:*many_short*:*strided*' \
       >"$out/logs/${tool}_wgmma.log" 2>&1
     echo "$tool wgmma recurrence rc=$? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$out/logs/${tool}_wgmma.log" | tr '\n' ' ')" | tee -a "$summary"
+  done
+  timeout 120 compute-sanitizer --tool racecheck "$stage/bin/prefill_prep_test" \
+    --gtest_filter='*FixedLowerBoundOddLength:*ManyShortSequences:*SteepSoftplusHeads' >"$out/logs/racecheck_prep.log" 2>&1
+  echo "racecheck prep rc=$? $(grep -E 'RACECHECK SUMMARY' "$out/logs/racecheck_prep.log")" | tee -a "$summary"
+  for rec in mma wgmma; do
+    KDAKIT_RECURRENCE=$rec timeout 120 "$stage/bin/prefill_prep_timing" 10 2>&1 | grep PREP_TIMING | sed "s/^/[$rec] /" |
+      tee -a "$summary"
   done
   for tool in memcheck racecheck; do
     KDAKIT_PREFILL_PATH=chunked KDAKIT_PREFILL_SEGMENTS=2 timeout 180 compute-sanitizer --tool $tool \
