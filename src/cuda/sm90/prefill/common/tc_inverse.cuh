@@ -88,6 +88,19 @@ __device__ __forceinline__ void store_tile(float* F, int R, int S, int g, int t,
     *reinterpret_cast<float2*>(p + 8 * ld) = make_float2(x[nt][2], x[nt][3]);
   }
 }
+__device__ __forceinline__ void load_tile(const float* F, int R, int S, int g, int t, Tile16& x) {
+  constexpr int ld = kLdF;
+#pragma unroll
+  for (int nt = 0; nt < 2; ++nt) {
+    const float* p = F + (kSubBlock * R + g) * ld + kSubBlock * S + 8 * nt + 2 * t;
+    const float2 lo = *reinterpret_cast<const float2*>(p);
+    const float2 hi = *reinterpret_cast<const float2*>(p + 8 * ld);
+    x[nt][0] = lo.x;
+    x[nt][1] = lo.y;
+    x[nt][2] = hi.x;
+    x[nt][3] = hi.y;
+  }
+}
 __device__ __forceinline__ void load_tile_t(const float* F, int R, int S, int g, int t, Tile16& xt) {
   constexpr int ld = kLdF;
 #pragma unroll
@@ -197,6 +210,82 @@ __device__ __forceinline__ void tc_offdiag_row(const float* Lf, float* Tf, const
     } else {
       store_tile(Tf, R, S, g, t, trow[S]);
     }
+  }
+}
+
+// The off-diagonal blocks of T from the diagonal ones, in three steps of independent 16 x 16
+// products spread over six warps (call from every thread of the CTA: it has CTA barriers).
+// With A = I + diag(beta) L = I - X and N_RS = T_RR A_RS = -T_RR X_RS (R > S), T A = I gives
+// T_RS = -sum_{S <= J < R} N_RJ T_JS, which unrolls to
+//   T_10 = -N_10 T_00,  T_21 = -N_21 T_11,  T_32 = -N_32 T_22,
+//   T_20 = (N_21 N_10 - N_20) T_00,  T_31 = (N_32 N_21 - N_31) T_11,
+//   T_30 = (N_32 N_20 - N_30) T_00 + (N_32 N_21 - N_31) T_10:
+// step 1 the six N blocks (in place of L's blocks), step 2 the three distance-1 blocks and the
+// products N N (in L's unused upper blocks; T_10 also in fp32 in T's (1, 0) block), step 3 the
+// rest. 16 products as in the row-by-row order, but the longest chain is 4 of them instead of 9.
+// Every block of T diag(beta) goes to the hi/lo tiles; Tf's diagonal blocks must hold T_RR.
+__device__ __forceinline__ void tc_offdiag_blocks(float* Lf, float* Tf, const float* beta_s, int warp, int g,
+                                                  int t, unsigned char* tb_hi, unsigned char* tb_lo) {
+  if (warp < 6) {  // step 1: N_RS, warps 0..5 -> (1, 0), (2, 0), (2, 1), (3, 0), (3, 1), (3, 2)
+    const int R = warp < 1 ? 1 : warp < 3 ? 2 : 3, S = warp - R * (R - 1) / 2;
+    Tile16 trr, xt, n;
+    load_tile(Tf, R, R, g, t, trr);
+    load_x_t(Lf, beta_s, R, S, g, t, xt);
+    mm16(n, trr, xt);
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) n[nt][e] = -n[nt][e];
+    __syncwarp();                   // every lane's reads of L_RS (above) before any lane's store
+    store_tile(Lf, R, S, g, t, n);  // in place: this warp alone reads L_RS
+  }
+  __syncthreads();
+  if (warp < 3) {  // step 2a: T_{R+1,R} = -N_{R+1,R} T_RR
+    const int R = warp;
+    Tile16 n, tt, d;
+    load_tile(Lf, R + 1, R, g, t, n);
+    load_tile_t(Tf, R, R, g, t, tt);
+    mm16(d, n, tt);
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) d[nt][e] = -d[nt][e];
+    store_tile_hilo(tb_hi, tb_lo, beta_s, R + 1, R, g, t, d);
+    if (R == 0) store_tile(Tf, 1, 0, g, t, d);
+  } else if (warp < 6) {  // step 2b: P_20 = N_21 N_10 -> L(0, 1), P_31 = N_32 N_21 -> L(0, 2), P_30 = N_32 N_20 -> L(0, 3)
+    const int j = warp - 3;
+    const int aR = j == 0 ? 2 : 3, aS = j == 0 ? 1 : 2;
+    const int bR = j == 1 ? 2 : 1 + j / 2, bS = j == 1 ? 1 : 0;
+    Tile16 a, bt, d;
+    load_tile(Lf, aR, aS, g, t, a);
+    load_tile_t(Lf, bR, bS, g, t, bt);
+    mm16(d, a, bt);
+    store_tile(Lf, 0, 1 + j, g, t, d);
+  }
+  __syncthreads();
+  if (warp < 3) {  // step 3: T_20, T_31, T_30
+    // (P - N) for (2, 0): L(0, 1) - N_20; (3, 1): L(0, 2) - N_31; (3, 0): L(0, 3) - N_30
+    const int R = warp == 0 ? 2 : 3, S = warp == 1 ? 1 : 0;
+    Tile16 a, n, tt, d;
+    load_tile(Lf, 0, warp == 0 ? 1 : warp == 1 ? 2 : 3, g, t, a);
+    load_tile(Lf, R, S, g, t, n);
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) a[nt][e] -= n[nt][e];
+    load_tile_t(Tf, S, S, g, t, tt);
+    mm16(d, a, tt);
+    if (warp == 2) {  // + (P_31 - N_31) T_10
+      load_tile(Lf, 0, 2, g, t, a);
+      load_tile(Lf, 3, 1, g, t, n);
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) a[nt][e] -= n[nt][e];
+      load_tile_t(Tf, 1, 0, g, t, tt);
+      mm16_acc(d, a, tt);
+    }
+    store_tile_hilo(tb_hi, tb_lo, beta_s, R, S, g, t, d);
   }
 }
 

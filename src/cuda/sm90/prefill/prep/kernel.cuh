@@ -70,7 +70,7 @@ using common::swz64;
 using common::store_tile;
 using common::store_tile_hilo;
 using common::tc_diag_inverse;
-using common::tc_offdiag_row;
+using common::tc_offdiag_blocks;
 
 // ------------------------------------------------------------------------------------------
 // Prep kernel helpers
@@ -563,13 +563,8 @@ __global__ void __launch_bounds__(kThreads, 2) kda_prefill_prep_sm90_kernel(cons
     store_tile_hilo(tb_hi, tb_lo, beta_s, warp, warp, g, t, trr);
   }
   __syncthreads();
-  // Warp R in 1..3: the off-diagonal blocks of row block R, right to left.
-  switch (warp) {
-    case 1: tc_offdiag_row<1, true>(Lf, Tf, beta_s, g, t, trr, tb_hi, tb_lo); break;
-    case 2: tc_offdiag_row<2, true>(Lf, Tf, beta_s, g, t, trr, tb_hi, tb_lo); break;
-    case 3: tc_offdiag_row<3, true>(Lf, Tf, beta_s, g, t, trr, tb_hi, tb_lo); break;
-    default: break;
-  }
+  // The off-diagonal blocks, on six warps in three steps (its own barriers).
+  tc_offdiag_blocks(Lf, Tf, beta_s, warp, g, t, tb_hi, tb_lo);
   __syncthreads();
 
   // ---- Phase 5: W = T diag(beta) Kt, U0 = T diag(beta) V from the hi/lo tiles, balanced ----
