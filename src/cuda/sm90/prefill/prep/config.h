@@ -139,6 +139,10 @@ struct PrepParams {
   const int32_t* seq_len;
   unsigned char* chunk_blocks;  // [max_chunks][HV] blocks of kChunkBlockBytes
   int32_t num_seqs;
+  // fixed batch (no cu_seqlens): T and ceil(T / 64), from which the kernel derives its chunk's
+  // sequence and rows without reading the plan region (0 and 0 when packed)
+  int32_t seqlen;
+  int32_t chunks_per_row;
   int32_t num_v_heads;
   int32_t v_heads_per_qk_head;  // HV / H
   bool packed;                  // cu_seqlens given: every sequence lies in batch row 0

@@ -161,13 +161,26 @@ __global__ void __launch_bounds__(kThreads, 2) kda_prefill_prep_sm90_kernel(cons
   // bound max_chunks x HV; the plan's total decides which CTAs have work.
   const int h = int(blockIdx.x % unsigned(p.num_v_heads));
   const int chunk = int(blockIdx.x / unsigned(p.num_v_heads));
-  // NOTE: chunk_seq is -1 past the plan's total, so the exit test needs no load of the total
-  // before it: one dependent L2 round trip less ahead of the data loads.
-  const int n = p.chunk_seq[chunk];
-  if (n < 0) return;
-  const int chunk_in_seq = chunk - p.chunk_offsets[n];
-  const int len = min(kChunk, p.seq_len[n] - chunk_in_seq * kChunk);
-  const int64_t tok0 = p.seq_start[n] + int64_t(chunk_in_seq) * kChunk;
+  int n, chunk_in_seq, seq_len;
+  int64_t seq_start;
+  if (!p.packed) {
+    // NOTE: a fixed batch's plan is arithmetic (plan_kernel.cuh writes exactly these values), so
+    // no dependent plan load precedes the data loads; the grid is B x ceil(T / 64) x HV.
+    n = chunk / p.chunks_per_row;
+    chunk_in_seq = chunk - n * p.chunks_per_row;
+    seq_len = p.seqlen;
+    seq_start = 0;
+  } else {
+    // NOTE: chunk_seq is -1 past the plan's total, so the exit test needs no load of the total
+    // before it: one dependent L2 round trip less ahead of the data loads.
+    n = p.chunk_seq[chunk];
+    if (n < 0) return;
+    chunk_in_seq = chunk - p.chunk_offsets[n];
+    seq_len = p.seq_len[n];
+    seq_start = p.seq_start[n];
+  }
+  const int len = min(kChunk, seq_len - chunk_in_seq * kChunk);
+  const int64_t tok0 = seq_start + int64_t(chunk_in_seq) * kChunk;
   const int64_t brow = p.packed ? 0 : n;
   const int hk = h / p.v_heads_per_qk_head;
   unsigned char* blk = p.chunk_blocks + (size_t(chunk) * size_t(p.num_v_heads) + size_t(h)) * kChunkBlockBytes;

@@ -36,8 +36,8 @@ Status launch_prefill_prep(const PrefillParams& p, const WorkspacePlan& w, void*
                p.num_qk_heads, ")");
   KDAKIT_CHECK(p.num_v_heads <= 65535, kUnsupported, "prefill prep: supports up to 65535 value heads, got ",
                p.num_v_heads);
-  KDAKIT_CHECK(w.max_chunks <= INT32_MAX && w.num_seqs <= INT32_MAX, kUnsupported,
-               "prefill prep: supports up to 2^31 - 1 chunks and sequences");
+  KDAKIT_CHECK(w.max_chunks <= INT32_MAX && w.num_seqs <= INT32_MAX && p.seqlen <= INT32_MAX, kUnsupported,
+               "prefill prep: supports up to 2^31 - 1 chunks, sequences and tokens per row");
   KDAKIT_CHECK(p.gate != GateMode::kSoftplus || p.A_log != nullptr, kInvalidArgument,
                "prefill prep: the softplus gate needs A_log");
   KDAKIT_CHECK(rows_aligned(p.q, 8, p.stride_q_b, p.stride_q_t, p.stride_q_h) &&
@@ -73,6 +73,8 @@ Status launch_prefill_prep(const PrefillParams& p, const WorkspacePlan& w, void*
       .seq_len = reinterpret_cast<const int32_t*>(base + w.seq_len_offset),
       .chunk_blocks = base + w.chunk_blocks_offset,
       .num_seqs = int32_t(w.num_seqs),
+      .seqlen = p.cu_seqlens != nullptr ? 0 : int32_t(p.seqlen),
+      .chunks_per_row = p.cu_seqlens != nullptr ? 0 : int32_t((p.seqlen + kChunk - 1) / kChunk),
       .num_v_heads = p.num_v_heads,
       .v_heads_per_qk_head = p.num_v_heads / p.num_qk_heads,
       .packed = p.cu_seqlens != nullptr,
