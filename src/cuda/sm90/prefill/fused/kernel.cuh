@@ -49,6 +49,7 @@
 #include "cuda/common/mma_sm80.cuh"
 #include "cuda/sm90/prefill/common/gate.cuh"
 #include "cuda/sm90/prefill/common/gmma.cuh"
+#include "cuda/sm90/prefill/common/o_store.cuh"
 #include "cuda/sm90/prefill/common/ptx.cuh"
 #include "cuda/sm90/prefill/common/state_io.cuh"
 #include "cuda/sm90/prefill/common/tc_inverse.cuh"
@@ -929,37 +930,8 @@ __global__ void __launch_bounds__(Config<kConsumers>::kThreads, 1)
         if (lane == 0) ptx::mbarrier_arrive(&bars[kMEmpty]);
 
         // ---- O: value rows vrow, vrow + 8 of tokens 8 nt + 2t, +1 ---------------------------------
-        {
-          __nv_bfloat16* o_chunk =
-              p.o + vld(&rec->o_off) + int64_t(j) * kChunk * p.stride_o_t + 16 * w;
-          const bool odd = (g & 1) != 0;
-#pragma unroll
-          for (int nt = 0; nt < 8; ++nt) {
-#pragma unroll
-            for (int hr = 0; hr < 2; ++hr) {
-              const float c0 = accO[4 * nt + 2 * hr], c1 = accO[4 * nt + 2 * hr + 1];
-              const int tok = 8 * nt + 2 * t;
-              const int row = g + 8 * hr;  // value row within the warp's 16
-              if (p.o_pairs) {
-                // NOTE: lanes g and g ^ 1 swap one value, so each stores two neighbouring value
-                // channels of one token as a 4-byte word.
-                const float other = __shfl_xor_sync(0xffffffffu, odd ? c0 : c1, 4);
-                const int tk = odd ? tok + 1 : tok;
-                if (tk < valid) {
-                  const __nv_bfloat162 pair =
-                      odd ? __floats2bfloat162_rn(other, c1) : __floats2bfloat162_rn(c0, other);
-                  *reinterpret_cast<__nv_bfloat162*>(o_chunk + int64_t(tk) * p.stride_o_t +
-                                                     (row & ~1)) = pair;
-                }
-              } else {
-                if (tok < valid)
-                  o_chunk[int64_t(tok) * p.stride_o_t + row] = __float2bfloat16_rn(c0);
-                if (tok + 1 < valid)
-                  o_chunk[int64_t(tok + 1) * p.stride_o_t + row] = __float2bfloat16_rn(c1);
-              }
-            }
-          }
-        }
+        common::store_o_tile(accO, p.o + vld(&rec->o_off) + int64_t(j) * kChunk * p.stride_o_t + 16 * w,
+                             p.stride_o_t, valid, p.o_pairs, g, t);
         ptx::wgmma_wait<0>();
         ptx::fence_operands(state);
         if (lane == 0) ptx::mbarrier_arrive(&bars[kQtKhEmpty + s]);

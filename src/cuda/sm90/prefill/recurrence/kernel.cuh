@@ -117,6 +117,79 @@ __device__ __forceinline__ uint32_t o_stage_offset(int tok, int col) {
   return uint32_t(tok) * kRowBytes + uint32_t(((col >> 3) * 2 + (tok >> 1)) & 3) * 16u + uint32_t(col & 7) * 2u;
 }
 
+// ---- pieces shared with the wgmma version (wgmma.cuh) -----------------------------------------
+// The CTA's share of sequence n: chunks [j_begin, j_begin + num_chunks) of segment seg (nseg
+// segments of ls chunks; the whole sequence without segments).
+// NOTE: plan values are device data: clamped so that no load leaves the workspace.
+struct SegmentWork {
+  int chunk_begin, ls, nseg, j_begin, num_chunks;
+};
+__device__ __forceinline__ SegmentWork segment_work(const KernelParams& p, int n, int seg) {
+  int chunk_begin = p.chunk_offsets[n];
+  int seq_chunks = p.chunk_offsets[n + 1] - chunk_begin;
+  chunk_begin = max(0, min(chunk_begin, int(p.max_chunks)));
+  seq_chunks = max(0, min(seq_chunks, int(p.max_chunks) - chunk_begin));
+  SegmentWork w;
+  w.chunk_begin = chunk_begin;
+  w.ls = p.segment_chunks > 0 ? p.segment_chunks : max(seq_chunks, 1);
+  w.nseg = max(1, (seq_chunks + w.ls - 1) / w.ls);
+  w.j_begin = seg * w.ls;
+  w.num_chunks = min(seq_chunks - w.j_begin, w.ls);
+  return w;
+}
+
+// The TMA loads of chunk block `block` into one stage (U0 columns v0 ..), completing on `full`.
+template <class Smem>
+__device__ __forceinline__ void issue_block_loads(uint8_t* stage, uint64_t* full, const TmaParams& tma,
+                                                  const KernelParams& p, int block, int v0) {
+  ptx::mbarrier_arrive_expect_tx(full, Smem::kStageTxBytes);
+  ptx::tma_load_3d(stage + Smem::kQwkOffset, &tma.qwk, full, 0, 0, block);
+  ptx::tma_load_3d(stage + Smem::kQwkOffset + Smem::kQwkBytes / 2, &tma.qwk, full, 64, 0, block);
+  ptx::tma_load_3d(stage + Smem::kMOffset, &tma.m, full, 0, 0, block);
+  ptx::tma_load_3d(stage + Smem::kU0Offset, &tma.u0, full, v0, 0, block);
+  ptx::bulk_load(stage + Smem::kDecayOffset,
+                 p.chunk_blocks + size_t(block) * kChunkBlockBytes + ChunkBlockLayout::kDecayOffset,
+                 uint32_t(Smem::kDecayBytes), full);
+}
+__device__ __forceinline__ void prefetch_block_maps(const TmaParams& tma) {
+  ptx::prefetch_tensormap(&tma.qwk);
+  ptx::prefetch_tensormap(&tma.m);
+  ptx::prefetch_tensormap(&tma.u0);
+}
+
+// The state entering the CTA's first chunk (value rows vrow, vrow + 8 in the fragment layout):
+// with segments the combine pass's start state (segment 0's over Phi of slot(n, 0), later ones
+// over Psi of the previous segment's slot), else the caller's initial state, or zeros.
+__device__ __forceinline__ void load_start_state(float (&state)[16][4], const KernelParams& p, int n, int h, int seg,
+                                                 const SegmentWork& w, int vrow, int quad) {
+  if (w.nseg >= 2) {
+    const int64_t slot = segment_slot(w.chunk_begin, seg == 0 ? 0 : seg - 1, w.ls);
+    const uint8_t* area = segment_at(p, slot, h) + (seg == 0 ? SegmentLayout::kPhiHiOffset : SegmentLayout::kPsiOffset);
+    load_state(state, area, vrow, quad, common::segment_state_view());
+  } else {
+    const void* init = common::initial_state_of(p, n, h);
+    if (init != nullptr) {
+      load_state(state, init, vrow, quad, p);
+    } else {
+      #pragma unroll
+      for (int j = 0; j < 16; ++j) state[j][0] = state[j][1] = state[j][2] = state[j][3] = 0.f;
+    }
+  }
+}
+
+// First chunk-state entry of sequence n: the sum over earlier sequences of ceil(len / interval)
+// (one warp, every lane gets the total).
+__device__ __forceinline__ int64_t chunk_state_base_of(const KernelParams& p, int n, int lane) {
+  int64_t base = 0;
+  for (int m = lane; m < n; m += 32) {
+    const int len = max(p.seq_len[m], 0);
+    base += (len + p.chunk_state_interval - 1) / p.chunk_state_interval;
+  }
+  #pragma unroll
+  for (int off = 16; off > 0; off /= 2) base += __shfl_xor_sync(0xffffffffu, base, off);
+  return base;
+}
+
 // ---- the kernel -------------------------------------------------------------------------------
 // kSummary: the summary pass (workspace.h, segments). CTA z < kSlices runs value slice z from a
 // zero state (Psi), z >= kSlices runs key rows of Phi from the identity with U0 = 0; neither
@@ -154,24 +227,18 @@ __global__ void __launch_bounds__(Config<kValueRows>::kThreads) __maxnreg__(Conf
   const int lane = threadIdx.x % 32;
   const int HV = p.num_v_heads;
 
-  // NOTE: plan values are device data: clamp them so that no load leaves the workspace.
-  int chunk_begin = p.chunk_offsets[n];
-  int seq_chunks = p.chunk_offsets[n + 1] - chunk_begin;
-  chunk_begin = max(0, min(chunk_begin, int(p.max_chunks)));
-  seq_chunks = max(0, min(seq_chunks, int(p.max_chunks) - chunk_begin));
-
-  // This CTA's chunks [j_begin, j_begin + num_chunks) of the sequence: segment seg. The summary
-  // pass has no work for the last segment, the recurrence none past it (the whole grid's
-  // early exits are uniform per CTA, before any barrier).
-  const int ls = p.segment_chunks > 0 ? p.segment_chunks : max(seq_chunks, 1);
-  const int nseg = max(1, (seq_chunks + ls - 1) / ls);
+  // This CTA's chunks of the sequence: segment seg. The summary pass has no work for the last
+  // segment, the recurrence none past it (the whole grid's early exits are uniform per CTA,
+  // before any barrier).
+  const SegmentWork work = segment_work(p, n, seg);
+  const int chunk_begin = work.chunk_begin, ls = work.ls, nseg = work.nseg;
   if (kSummary ? seg >= nseg - 1 : seg >= nseg) return;
   // NOTE: whether this is the last segment goes to shared memory and is read back after the
   // chunk loop: kept in a register (nseg) through the loop it was the one value spilled at 16
   // and 32 value rows.
   volatile int* last_segment_flag = reinterpret_cast<volatile int*>(smem + Smem::kFlagsOffset);
-  const int j_begin = seg * ls;
-  const int num_chunks = min(seq_chunks - j_begin, ls);
+  const int j_begin = work.j_begin;
+  const int num_chunks = work.num_chunks;
 
   if (threadIdx.x == 0) {
     #pragma unroll
@@ -187,22 +254,11 @@ __global__ void __launch_bounds__(Config<kValueRows>::kThreads) __maxnreg__(Conf
   // Issues the TMA loads of chunk j into stage j % kStages (one lane of warp 0).
   auto issue_chunk = [&](int j) {
     const int s = j % kStages;
-    uint8_t* stage = smem + s * Smem::kStageBytes;
-    const int block = (chunk_begin + j_begin + j) * HV + h;
-    ptx::mbarrier_arrive_expect_tx(&full[s], Smem::kStageTxBytes);
-    ptx::tma_load_3d(stage + Smem::kQwkOffset, &tma.qwk, &full[s], 0, 0, block);
-    ptx::tma_load_3d(stage + Smem::kQwkOffset + Smem::kQwkBytes / 2, &tma.qwk, &full[s], 64, 0, block);
-    ptx::tma_load_3d(stage + Smem::kMOffset, &tma.m, &full[s], 0, 0, block);
-    ptx::tma_load_3d(stage + Smem::kU0Offset, &tma.u0, &full[s], v0, 0, block);
-    ptx::bulk_load(stage + Smem::kDecayOffset,
-                   p.chunk_blocks + size_t(block) * kChunkBlockBytes + ChunkBlockLayout::kDecayOffset,
-                   uint32_t(Smem::kDecayBytes), &full[s]);
+    issue_block_loads<Smem>(smem + s * Smem::kStageBytes, &full[s], tma, p, (chunk_begin + j_begin + j) * HV + h, v0);
   };
   const bool is_issuer = threadIdx.x == 0;
   if (is_issuer && num_chunks > 0) {
-    ptx::prefetch_tensormap(&tma.qwk);
-    ptx::prefetch_tensormap(&tma.m);
-    ptx::prefetch_tensormap(&tma.u0);
+    prefetch_block_maps(tma);
     for (int j = 0; j < min(kStages, num_chunks); ++j) issue_chunk(j);
   }
 
@@ -222,20 +278,8 @@ __global__ void __launch_bounds__(Config<kValueRows>::kThreads) __maxnreg__(Conf
       state[j][2] = phi_run && k == vrow + 8 ? 1.f : 0.f;
       state[j][3] = phi_run && k + 1 == vrow + 8 ? 1.f : 0.f;
     }
-  } else if (nseg >= 2) {
-    // the combine pass's start state: segment 0's over Phi of slot(n, 0), later ones over Psi of
-    // the previous segment's slot
-    const int64_t slot = segment_slot(chunk_begin, seg == 0 ? 0 : seg - 1, ls);
-    const uint8_t* area = segment_at(p, slot, h) + (seg == 0 ? SegmentLayout::kPhiHiOffset : SegmentLayout::kPsiOffset);
-    load_state(state, area, vrow, quad, common::segment_state_view());
   } else {
-    const void* init = common::initial_state_of(p, n, h);
-    if (init != nullptr) {
-      load_state(state, init, vrow, quad, p);
-    } else {
-      #pragma unroll
-      for (int j = 0; j < 16; ++j) state[j][0] = state[j][1] = state[j][2] = state[j][3] = 0.f;
-    }
+    load_start_state(state, p, n, h, seg, work, vrow, quad);
   }
 
   const int seq_len = p.seq_len[n];
@@ -243,18 +287,9 @@ __global__ void __launch_bounds__(Config<kValueRows>::kThreads) __maxnreg__(Conf
   __nv_bfloat16* o_seq = p.o + (p.packed ? 0 : int64_t(n) * p.stride_o_b) + seq_start * p.stride_o_t +
                          int64_t(h) * p.stride_o_h + v0 + warp * 16;
 
-  // First chunk-state entry of this sequence: sum over earlier sequences of ceil(len / interval).
-  int64_t chunk_state_base = 0;
   const int chunks_per_state = p.chunk_states != nullptr ? p.chunk_state_interval / kChunk : 0;
   const bool write_chunk_states = !kSummary && chunks_per_state > 0;
-  if (write_chunk_states) {
-    for (int m = lane; m < n; m += 32) {
-      const int len = max(p.seq_len[m], 0);
-      chunk_state_base += (len + p.chunk_state_interval - 1) / p.chunk_state_interval;
-    }
-    #pragma unroll
-    for (int off = 16; off > 0; off /= 2) chunk_state_base += __shfl_xor_sync(0xffffffffu, chunk_state_base, off);
-  }
+  const int64_t chunk_state_base = write_chunk_states ? chunk_state_base_of(p, n, lane) : 0;
 
   // Per-lane ldmatrix row/column parts (see ptx.cuh for the fragment layouts).
   //   non-transposed B ([n][k] in smem): matrix i = lane / 8 covers n rows + 8 (i / 2), k chunk + (i % 2)

@@ -20,6 +20,7 @@
 #pragma once
 
 #include "cuda/sm90/prefill/common/gmma.cuh"
+#include "cuda/sm90/prefill/common/o_store.cuh"
 #include "cuda/sm90/prefill/recurrence/kernel.cuh"
 
 namespace kdakit::sm90::prefill::recurrence {
@@ -40,12 +41,6 @@ __device__ __forceinline__ uint64_t qwk_desc_mn(uint32_t qwk_base, int a, int ks
 // M [64 r][64 s] (K = s): K-major.
 __device__ __forceinline__ uint64_t m_desc(uint32_t m_base, int ks) {
   return ptx::smem_desc(m_base + uint32_t(ks) * 32u, 16, 1024);
-}
-
-template <int N>
-__device__ __forceinline__ void fence_accumulator(float (&x)[N]) {
-#pragma unroll
-  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(x[i])::"memory");
 }
 
 inline constexpr int kWgThreads = 256;  // two warpgroups
@@ -74,15 +69,9 @@ __global__ void __launch_bounds__(kWgThreads, 1)
   const int wg = warp / 4;
   const int HV = p.num_v_heads;
 
-  int chunk_begin = p.chunk_offsets[n];
-  int seq_chunks = p.chunk_offsets[n + 1] - chunk_begin;
-  chunk_begin = max(0, min(chunk_begin, int(p.max_chunks)));
-  seq_chunks = max(0, min(seq_chunks, int(p.max_chunks) - chunk_begin));
-  const int ls = p.segment_chunks > 0 ? p.segment_chunks : max(seq_chunks, 1);
-  const int nseg = max(1, (seq_chunks + ls - 1) / ls);
-  if (seg >= nseg) return;
-  const int j_begin = seg * ls;
-  const int num_chunks = min(seq_chunks - j_begin, ls);
+  const SegmentWork work = segment_work(p, n, seg);
+  if (seg >= work.nseg) return;
+  const int chunk_begin = work.chunk_begin, j_begin = work.j_begin, num_chunks = work.num_chunks;
   volatile int* last_segment_flag = reinterpret_cast<volatile int*>(smem + Smem::kFlagsOffset);
 
   if (threadIdx.x == 0) {
@@ -91,29 +80,18 @@ __global__ void __launch_bounds__(kWgThreads, 1)
       ptx::mbarrier_init(&full[s], 1);
       ptx::mbarrier_init(&empty[s], Cfg::kConsumerWarps);
     }
-    *last_segment_flag = seg == nseg - 1 ? 1 : 0;
+    *last_segment_flag = seg == work.nseg - 1 ? 1 : 0;
     ptx::fence_barrier_init();
   }
   __syncthreads();
 
   auto issue_chunk = [&](int j) {
     const int s = j % kStages;
-    uint8_t* stage = smem + s * Smem::kStageBytes;
-    const int block = (chunk_begin + j_begin + j) * HV + h;
-    ptx::mbarrier_arrive_expect_tx(&full[s], Smem::kStageTxBytes);
-    ptx::tma_load_3d(stage + Smem::kQwkOffset, &tma.qwk, &full[s], 0, 0, block);
-    ptx::tma_load_3d(stage + Smem::kQwkOffset + Smem::kQwkBytes / 2, &tma.qwk, &full[s], 64, 0, block);
-    ptx::tma_load_3d(stage + Smem::kMOffset, &tma.m, &full[s], 0, 0, block);
-    ptx::tma_load_3d(stage + Smem::kU0Offset, &tma.u0, &full[s], 0, 0, block);
-    ptx::bulk_load(stage + Smem::kDecayOffset,
-                   p.chunk_blocks + size_t(block) * kChunkBlockBytes + ChunkBlockLayout::kDecayOffset,
-                   uint32_t(Smem::kDecayBytes), &full[s]);
+    issue_block_loads<Smem>(smem + s * Smem::kStageBytes, &full[s], tma, p, (chunk_begin + j_begin + j) * HV + h, 0);
   };
   const bool is_issuer = threadIdx.x == 0;
   if (is_issuer && num_chunks > 0) {
-    ptx::prefetch_tensormap(&tma.qwk);
-    ptx::prefetch_tensormap(&tma.m);
-    ptx::prefetch_tensormap(&tma.u0);
+    prefetch_block_maps(tma);
     for (int j = 0; j < min(kStages, num_chunks); ++j) issue_chunk(j);
   }
 
@@ -122,36 +100,16 @@ __global__ void __launch_bounds__(kWgThreads, 1)
 
   float state[64];
   float(&state4)[16][4] = reinterpret_cast<float(&)[16][4]>(state);
-  if (nseg >= 2) {
-    const int64_t slot = segment_slot(chunk_begin, seg == 0 ? 0 : seg - 1, ls);
-    const uint8_t* area = segment_at(p, slot, h) + (seg == 0 ? SegmentLayout::kPhiHiOffset : SegmentLayout::kPsiOffset);
-    load_state(state4, area, vrow, t, common::segment_state_view());
-  } else {
-    const void* init = common::initial_state_of(p, n, h);
-    if (init != nullptr) {
-      load_state(state4, init, vrow, t, p);
-    } else {
-#pragma unroll
-      for (int i = 0; i < 64; ++i) state[i] = 0.f;
-    }
-  }
+  load_start_state(state4, p, n, h, seg, work, vrow, t);
 
   const int seq_len = p.seq_len[n];
   const int64_t seq_start = p.seq_start[n];
   __nv_bfloat16* o_seq = p.o + (p.packed ? 0 : int64_t(n) * p.stride_o_b) + seq_start * p.stride_o_t +
                          int64_t(h) * p.stride_o_h + 64 * wg + 16 * (warp % 4);
 
-  int64_t chunk_state_base = 0;
   const int chunks_per_state = p.chunk_states != nullptr ? p.chunk_state_interval / kChunk : 0;
   const bool write_chunk_states = chunks_per_state > 0;
-  if (write_chunk_states) {
-    for (int m = lane; m < n; m += 32) {
-      const int len = max(p.seq_len[m], 0);
-      chunk_state_base += (len + p.chunk_state_interval - 1) / p.chunk_state_interval;
-    }
-#pragma unroll
-    for (int off = 16; off > 0; off /= 2) chunk_state_base += __shfl_xor_sync(0xffffffffu, chunk_state_base, off);
-  }
+  const int64_t chunk_state_base = write_chunk_states ? chunk_state_base_of(p, n, lane) : 0;
 
   for (int j = 0; j < num_chunks; ++j) {
     const int jg = j_begin + j;
@@ -205,8 +163,8 @@ __global__ void __launch_bounds__(kWgThreads, 1)
       }
       ptx::wgmma_commit();
       ptx::wgmma_wait<0>();
-      fence_accumulator(accU);
-      fence_accumulator(accO);
+      ptx::fence_operands(accU);
+      ptx::fence_operands(accO);
     }
 
     // ---- U^T as bf16 hi + lo A fragments (k = tokens)
@@ -248,36 +206,11 @@ __global__ void __launch_bounds__(kWgThreads, 1)
 
     // ---- O, while the state's group runs: value rows vrow, vrow + 8 of tokens 8 nt + 2t, +1
     ptx::wgmma_wait<1>();
-    fence_accumulator(accO);
-    {
-      const int valid = min(kChunk, seq_len - jg * kChunk);
-      __nv_bfloat16* o_chunk = o_seq + int64_t(jg) * kChunk * p.stride_o_t;
-      const bool odd = (g & 1) != 0;
-#pragma unroll
-      for (int nt = 0; nt < 8; ++nt) {
-#pragma unroll
-        for (int hr = 0; hr < 2; ++hr) {
-          const float c0 = accO[4 * nt + 2 * hr], c1 = accO[4 * nt + 2 * hr + 1];
-          const int tok = 8 * nt + 2 * t;
-          const int row = g + 8 * hr;  // value row within the warp's 16
-          if (p.o_pairs) {
-            // NOTE: lanes g and g ^ 1 swap one value, so each stores two neighbouring value
-            // channels of one token as a 4-byte word.
-            const float other = __shfl_xor_sync(0xffffffffu, odd ? c0 : c1, 4);
-            const int tk = odd ? tok + 1 : tok;
-            if (tk < valid) {
-              const __nv_bfloat162 pair = odd ? __floats2bfloat162_rn(other, c1) : __floats2bfloat162_rn(c0, other);
-              *reinterpret_cast<__nv_bfloat162*>(o_chunk + int64_t(tk) * p.stride_o_t + (row & ~1)) = pair;
-            }
-          } else {
-            if (tok < valid) o_chunk[int64_t(tok) * p.stride_o_t + row] = __float2bfloat16_rn(c0);
-            if (tok + 1 < valid) o_chunk[int64_t(tok + 1) * p.stride_o_t + row] = __float2bfloat16_rn(c1);
-          }
-        }
-      }
-    }
+    ptx::fence_operands(accO);
+    common::store_o_tile(accO, o_seq + int64_t(jg) * kChunk * p.stride_o_t, p.stride_o_t,
+                         min(kChunk, seq_len - jg * kChunk), p.o_pairs, g, t);
     ptx::wgmma_wait<0>();
-    fence_accumulator(state);
+    ptx::fence_operands(state);
 
     // Every read of this stage is done (the wgmma reads completed at the wait above): release it.
     __syncwarp();

@@ -1,0 +1,41 @@
+// The output rows of one warp from an m64n64 fp32 accumulator, shared by the prefill kernels
+// that keep O^T in wgmma accumulators (fused, and the wgmma recurrence).
+#pragma once
+
+#include <cuda_bf16.h>
+
+#include <cstdint>
+
+namespace kdakit::sm90::prefill::common {
+
+// acc: the warp's 16 value rows x 64 tokens of O^T in the accumulator layout (value rows g and
+// g + 8, tokens 8 nt + 2t and + 1, at acc[4 nt + 2 hr + e]); o: the warp's first value channel of
+// token 0 of the chunk, tokens stride_t apart; tokens at or past `valid` are not written.
+// NOTE: with `pairs` (o 4-byte aligned, even strides) lanes g and g ^ 1 swap one value, so each
+// stores two neighbouring value channels of one token as a 4-byte word.
+__device__ __forceinline__ void store_o_tile(const float (&acc)[32], __nv_bfloat16* o, int64_t stride_t, int valid,
+                                             bool pairs, int g, int t) {
+  const bool odd = (g & 1) != 0;
+#pragma unroll
+  for (int nt = 0; nt < 8; ++nt) {
+#pragma unroll
+    for (int hr = 0; hr < 2; ++hr) {
+      const float c0 = acc[4 * nt + 2 * hr], c1 = acc[4 * nt + 2 * hr + 1];
+      const int tok = 8 * nt + 2 * t;
+      const int row = g + 8 * hr;  // value row within the warp's 16
+      if (pairs) {
+        const float other = __shfl_xor_sync(0xffffffffu, odd ? c0 : c1, 4);
+        const int tk = odd ? tok + 1 : tok;
+        if (tk < valid) {
+          const __nv_bfloat162 pair = odd ? __floats2bfloat162_rn(other, c1) : __floats2bfloat162_rn(c0, other);
+          *reinterpret_cast<__nv_bfloat162*>(o + int64_t(tk) * stride_t + (row & ~1)) = pair;
+        }
+      } else {
+        if (tok < valid) o[int64_t(tok) * stride_t + row] = __float2bfloat16_rn(c0);
+        if (tok + 1 < valid) o[int64_t(tok + 1) * stride_t + row] = __float2bfloat16_rn(c1);
+      }
+    }
+  }
+}
+
+}  // namespace kdakit::sm90::prefill::common
