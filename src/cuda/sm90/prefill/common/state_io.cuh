@@ -213,4 +213,30 @@ __device__ __forceinline__ int64_t chunk_state_offset(const P& p, int64_t entry,
   return row * stride + int64_t(h) * head;
 }
 
+// S^T <- S^T diag(decay) in the fragment layout (key channels 8 j + 2 quad, + 1 of tile j).
+__device__ __forceinline__ void decay_state(float (&s)[16][4], const float* decay, int quad) {
+#pragma unroll
+  for (int j = 0; j < 16; ++j) {
+    const float2 d = *reinterpret_cast<const float2*>(decay + 8 * j + 2 * quad);
+    s[j][0] *= d.x;
+    s[j][1] *= d.y;
+    s[j][2] *= d.x;
+    s[j][3] *= d.y;
+  }
+}
+
+// First chunk-state entry of sequence n: the sum over earlier sequences of ceil(len / interval)
+// (one warp; every lane gets the total). P: kernel params with seq_len [N] and the StateParams.
+template <class P>
+__device__ __forceinline__ int64_t chunk_state_base_of(const P& p, int n, int lane) {
+  int64_t base = 0;
+  for (int m = lane; m < n; m += 32) {
+    const int len = max(p.seq_len[m], 0);
+    base += (len + p.chunk_state_interval - 1) / p.chunk_state_interval;
+  }
+#pragma unroll
+  for (int off = 16; off > 0; off /= 2) base += __shfl_xor_sync(0xffffffffu, base, off);
+  return base;
+}
+
 }  // namespace kdakit::sm90::prefill::common

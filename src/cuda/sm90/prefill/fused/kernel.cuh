@@ -795,13 +795,7 @@ __global__ void __launch_bounds__(Config<kConsumers>::kThreads, 1)
       const int chunks_per_state = p.chunk_states != nullptr ? p.chunk_state_interval / kChunk : 0;
       if (chunks_per_state > 0 && w == 0) {
         const int n = vld(&rec->n);
-        int64_t base = 0;
-        for (int m = lane; m < n; m += 32) {
-          const int len = max(p.seq_len[m], 0);
-          base += (len + p.chunk_state_interval - 1) / p.chunk_state_interval;
-        }
-#pragma unroll
-        for (int off = 16; off > 0; off /= 2) base += __shfl_xor_sync(0xffffffffu, base, off);
+        const int64_t base = common::chunk_state_base_of(p, n, lane);
         if (lane == 0) rec->cs_base = base;
       }
       if (chunks_per_state > 0) ptx::named_barrier_sync(kConsumerBarrier0 + cw, kWarpGroup);
@@ -909,14 +903,7 @@ __global__ void __launch_bounds__(Config<kConsumers>::kThreads, 1)
         {
           const float* decay =
               reinterpret_cast<const float*>(smem + Smem::kDecayOffset) + s * kHeadDim;
-#pragma unroll
-          for (int nt = 0; nt < 16; ++nt) {
-            const float2 d = *reinterpret_cast<const float2*>(decay + 8 * nt + 2 * t);
-            state4[nt][0] *= d.x;
-            state4[nt][1] *= d.y;
-            state4[nt][2] *= d.x;
-            state4[nt][3] *= d.y;
-          }
+          common::decay_state(state4, decay, t);
         }
         ptx::wgmma_fence();
 #pragma unroll

@@ -177,19 +177,6 @@ __device__ __forceinline__ void load_start_state(float (&state)[16][4], const Ke
   }
 }
 
-// First chunk-state entry of sequence n: the sum over earlier sequences of ceil(len / interval)
-// (one warp, every lane gets the total).
-__device__ __forceinline__ int64_t chunk_state_base_of(const KernelParams& p, int n, int lane) {
-  int64_t base = 0;
-  for (int m = lane; m < n; m += 32) {
-    const int len = max(p.seq_len[m], 0);
-    base += (len + p.chunk_state_interval - 1) / p.chunk_state_interval;
-  }
-  #pragma unroll
-  for (int off = 16; off > 0; off /= 2) base += __shfl_xor_sync(0xffffffffu, base, off);
-  return base;
-}
-
 // ---- the kernel -------------------------------------------------------------------------------
 // kSummary: the summary pass (workspace.h, segments). CTA z < kSlices runs value slice z from a
 // zero state (Psi), z >= kSlices runs key rows of Phi from the identity with U0 = 0; neither
@@ -289,7 +276,7 @@ __global__ void __launch_bounds__(Config<kValueRows>::kThreads) __maxnreg__(Conf
 
   const int chunks_per_state = p.chunk_states != nullptr ? p.chunk_state_interval / kChunk : 0;
   const bool write_chunk_states = !kSummary && chunks_per_state > 0;
-  const int64_t chunk_state_base = write_chunk_states ? chunk_state_base_of(p, n, lane) : 0;
+  const int64_t chunk_state_base = write_chunk_states ? common::chunk_state_base_of(p, n, lane) : 0;
 
   // Per-lane ldmatrix row/column parts (see ptx.cuh for the fragment layouts).
   //   non-transposed B ([n][k] in smem): matrix i = lane / 8 covers n rows + 8 (i / 2), k chunk + (i % 2)
@@ -409,14 +396,7 @@ __global__ void __launch_bounds__(Config<kValueRows>::kThreads) __maxnreg__(Conf
     }
 
     // ---- S^T = S0^T diag(decay) + U^T Kh (k = tokens, n = key channels)
-    #pragma unroll
-    for (int t = 0; t < 16; ++t) {
-      const float2 d = *reinterpret_cast<const float2*>(decay + 8 * t + 2 * quad);
-      state[t][0] *= d.x;
-      state[t][1] *= d.y;
-      state[t][2] *= d.x;
-      state[t][3] *= d.y;
-    }
+    common::decay_state(state, decay, quad);
     #pragma unroll
     for (int ts = 0; ts < 4; ++ts) {
       #pragma unroll

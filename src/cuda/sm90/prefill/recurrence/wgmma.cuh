@@ -109,7 +109,7 @@ __global__ void __launch_bounds__(kWgThreads, 1)
 
   const int chunks_per_state = p.chunk_states != nullptr ? p.chunk_state_interval / kChunk : 0;
   const bool write_chunk_states = chunks_per_state > 0;
-  const int64_t chunk_state_base = write_chunk_states ? chunk_state_base_of(p, n, lane) : 0;
+  const int64_t chunk_state_base = write_chunk_states ? common::chunk_state_base_of(p, n, lane) : 0;
 
   for (int j = 0; j < num_chunks; ++j) {
     const int jg = j_begin + j;
@@ -187,14 +187,7 @@ __global__ void __launch_bounds__(kWgThreads, 1)
     ptx::wgmma_commit();
 
     // ---- S^T = S0^T diag(decay) + U^T Kh (Kh as hi + lo)
-#pragma unroll
-    for (int nt = 0; nt < 16; ++nt) {
-      const float2 d = *reinterpret_cast<const float2*>(decay + 8 * nt + 2 * t);
-      state4[nt][0] *= d.x;
-      state4[nt][1] *= d.y;
-      state4[nt][2] *= d.x;
-      state4[nt][3] *= d.y;
-    }
+    common::decay_state(state4, decay, t);
     ptx::wgmma_fence();
 #pragma unroll
     for (int ks = 0; ks < 4; ++ks) {
