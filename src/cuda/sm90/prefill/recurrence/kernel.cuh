@@ -177,6 +177,30 @@ __device__ __forceinline__ void load_start_state(float (&state)[16][4], const Ke
   }
 }
 
+// Thread 0, before the CTA's first barrier: the stage barriers (full: one arrival plus the TMA
+// bytes; empty: one arrival per consumer warp) and the last-segment flag.
+template <int kStages>
+__device__ __forceinline__ void init_pipeline(uint64_t* full, uint64_t* empty, int consumer_warps,
+                                              volatile int* last_segment_flag, bool last_segment) {
+  #pragma unroll
+  for (int s = 0; s < kStages; ++s) {
+    ptx::mbarrier_init(&full[s], 1);
+    ptx::mbarrier_init(&empty[s], consumer_warps);
+  }
+  *last_segment_flag = last_segment ? 1 : 0;
+  ptx::fence_barrier_init();
+}
+
+// The chunk state before chunk jg of the sequence (prefix caching), every chunks_per_state chunks.
+__device__ __forceinline__ void store_chunk_state(const float (&state)[16][4], const KernelParams& p, int64_t base,
+                                                  int jg, int chunks_per_state, int h, int vrow, int quad) {
+  if (jg % chunks_per_state != 0) return;
+  const int64_t off = common::chunk_state_offset(p, base + jg / chunks_per_state, h);
+  if (off >= 0)
+    store_state(state, state_at(p.chunk_states, off, p.chunk_bf16), vrow, quad,
+                common::StateView{p.k_first, p.chunk_bf16, p.chunk_pairs});
+}
+
 // ---- the kernel -------------------------------------------------------------------------------
 // kSummary: the summary pass (workspace.h, segments). CTA z < kSlices runs value slice z from a
 // zero state (Psi), z >= kSlices runs key rows of Phi from the identity with U0 = 0; neither
@@ -227,15 +251,7 @@ __global__ void __launch_bounds__(Config<kValueRows>::kThreads) __maxnreg__(Conf
   const int j_begin = work.j_begin;
   const int num_chunks = work.num_chunks;
 
-  if (threadIdx.x == 0) {
-    #pragma unroll
-    for (int s = 0; s < kStages; ++s) {
-      ptx::mbarrier_init(&full[s], 1);
-      ptx::mbarrier_init(&empty[s], Cfg::kConsumerWarps);
-    }
-    *last_segment_flag = seg == nseg - 1 ? 1 : 0;
-    ptx::fence_barrier_init();
-  }
+  if (threadIdx.x == 0) init_pipeline<kStages>(full, empty, Cfg::kConsumerWarps, last_segment_flag, seg == nseg - 1);
   __syncthreads();
 
   // Issues the TMA loads of chunk j into stage j % kStages (one lane of warp 0).
@@ -288,13 +304,7 @@ __global__ void __launch_bounds__(Config<kValueRows>::kThreads) __maxnreg__(Conf
 
   for (int j = 0; j < num_chunks; ++j) {
     const int jg = j_begin + j;  // chunk of the sequence
-    // ---- chunk state before chunk jg (prefix caching)
-    if (write_chunk_states && jg % chunks_per_state == 0) {
-      const int64_t off = common::chunk_state_offset(p, chunk_state_base + jg / chunks_per_state, h);
-      if (off >= 0)
-        store_state(state, state_at(p.chunk_states, off, p.chunk_bf16), vrow, quad,
-                    common::StateView{p.k_first, p.chunk_bf16, p.chunk_pairs});
-    }
+    if (write_chunk_states) store_chunk_state(state, p, chunk_state_base, jg, chunks_per_state, h, vrow, quad);
 
     const int s = j % kStages;
     ptx::mbarrier_wait(&full[s], (j / kStages) & 1);

@@ -74,15 +74,8 @@ __global__ void __launch_bounds__(kWgThreads, 1)
   const int chunk_begin = work.chunk_begin, j_begin = work.j_begin, num_chunks = work.num_chunks;
   volatile int* last_segment_flag = reinterpret_cast<volatile int*>(smem + Smem::kFlagsOffset);
 
-  if (threadIdx.x == 0) {
-#pragma unroll
-    for (int s = 0; s < kStages; ++s) {
-      ptx::mbarrier_init(&full[s], 1);
-      ptx::mbarrier_init(&empty[s], Cfg::kConsumerWarps);
-    }
-    *last_segment_flag = seg == work.nseg - 1 ? 1 : 0;
-    ptx::fence_barrier_init();
-  }
+  if (threadIdx.x == 0)
+    init_pipeline<kStages>(full, empty, Cfg::kConsumerWarps, last_segment_flag, seg == work.nseg - 1);
   __syncthreads();
 
   auto issue_chunk = [&](int j) {
@@ -113,12 +106,7 @@ __global__ void __launch_bounds__(kWgThreads, 1)
 
   for (int j = 0; j < num_chunks; ++j) {
     const int jg = j_begin + j;
-    if (write_chunk_states && jg % chunks_per_state == 0) {
-      const int64_t off = common::chunk_state_offset(p, chunk_state_base + jg / chunks_per_state, h);
-      if (off >= 0)
-        store_state(state4, state_at(p.chunk_states, off, p.chunk_bf16), vrow, t,
-                    common::StateView{p.k_first, p.chunk_bf16, p.chunk_pairs});
-    }
+    if (write_chunk_states) store_chunk_state(state4, p, chunk_state_base, jg, chunks_per_state, h, vrow, t);
 
     const int s = j % kStages;
     ptx::mbarrier_wait(&full[s], (j / kStages) & 1);
