@@ -89,6 +89,10 @@ if [ "$run_tests" = 1 ]; then
       grep -E '^\[  FAILED  \].*\(' "$log" | head -3
     done
   done
+  KDAKIT_RECURRENCE=wgmma timeout 300 "$stage/bin/prefill_recurrence_test" --gtest_brief=1 \
+    >"$out/logs/prefill_recurrence_test_wgmma.log" 2>&1
+  echo "gtest prefill_recurrence_test[wgmma] rc=$? $(grep -E '^\[  (PASSED|FAILED|SKIPPED) ' "$out/logs/prefill_recurrence_test_wgmma.log" | tr -s ' ' | tr '\n' ' ')" | tee -a "$summary"
+  grep -E '^\[  FAILED  \].*\(' "$out/logs/prefill_recurrence_test_wgmma.log" | head -3
   for tool in memcheck racecheck synccheck; do
     KDAKIT_RECURRENCE=wgmma KDAKIT_PREFILL_PATH=chunked KDAKIT_PREFILL_SEGMENTS=0:128 timeout 180 \
       compute-sanitizer --tool $tool \
