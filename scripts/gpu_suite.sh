@@ -80,7 +80,7 @@ if [ "$run_tests" = 1 ]; then
   # The wgmma recurrence (KDAKIT_RECURRENCE=wgmma, opt-in until measured; it takes the 128-row
   # CTAs, forced here) on every two-kernel case, whole sequences and segments of 2, then the
   # sanitizers.
-  for sg in 0:128 2:128; do
+  for sg in 0:128 0:64 2:128; do
     for t in prefill_gpu_test prefill_pool_gpu_test; do
       log="$out/logs/${t}_wgmma_s${sg//:/_}.log"
       KDAKIT_RECURRENCE=wgmma KDAKIT_PREFILL_PATH=chunked KDAKIT_PREFILL_SEGMENTS=$sg timeout 300 "$stage/bin/$t" \

@@ -503,9 +503,10 @@ inline Status cuda_status(cudaError_t err, const char* what, int line) {
                                             ": " + cudaGetErrorString(err));
 }
 
-// The wgmma version of the 128-row recurrence (wgmma.cuh, instantiations/wgmma_rows128.cu):
+// The wgmma version of the 64- and 128-row recurrence (wgmma.cuh, instantiations/wgmma.cu):
 // KDAKIT_RECURRENCE=wgmma (read once) selects it, and its launcher.
 bool use_wgmma_recurrence();
+template <int kValueRows>
 Status launch_wgmma(const KernelParams& kp, const TmaParams& tma, int64_t num_ctas, cudaStream_t stream);
 
 }  // namespace kdakit::sm90::prefill::recurrence
@@ -570,12 +571,12 @@ Status launch(const PrefillParams& p, const WorkspacePlan& plan, const void* wor
   kp.max_segments = plan.segment_chunks > 0 ? plan.max_segments : 1;
   if (kSummary && plan.segment_chunks <= 0) return Status(StatusCode::kInternal, "recurrence: summaries without segments");
 
-  if constexpr (kValueRows == 128 && !kSummary) {
+  if constexpr ((kValueRows == 64 || kValueRows == 128) && !kSummary) {
     if (use_wgmma_recurrence()) {
-      const int64_t wg_ctas = p.num_seqs * p.num_v_heads * kp.max_segments;
+      const int64_t wg_ctas = p.num_seqs * p.num_v_heads * kp.max_segments * Cfg::kSlices;
       if (wg_ctas > int64_t(INT32_MAX))
-        return Status(StatusCode::kUnsupported, "recurrence: N * HV * segments must stay below 2^31");
-      return launch_wgmma(kp, tma, wg_ctas, stream);
+        return Status(StatusCode::kUnsupported, "recurrence: N * HV * segments * slices must stay below 2^31");
+      return launch_wgmma<kValueRows>(kp, tma, wg_ctas, stream);
     }
   }
   auto kernel = kda_prefill_recurrence_sm90_kernel<kValueRows, kSummary>;

@@ -43,27 +43,31 @@ __device__ __forceinline__ uint64_t m_desc(uint32_t m_base, int ks) {
   return ptx::smem_desc(m_base + uint32_t(ks) * 32u, 16, 1024);
 }
 
-inline constexpr int kWgThreads = 256;  // two warpgroups
-
-__global__ void __launch_bounds__(kWgThreads, 1)
+// kValueRows = 64 (one warpgroup) or 128 (two): value rows per CTA, as for kernel.cuh.
+template <int kValueRows>
+__global__ void __launch_bounds__(kValueRows * 2, 1)
     kda_prefill_recurrence_wgmma_sm90_kernel(const __grid_constant__ KernelParams p, const __grid_constant__ TmaParams tma) {
-  using Cfg = Config<128>;
+  using Cfg = Config<kValueRows>;
   using Smem = typename Cfg::SharedMemoryPlan;
   constexpr int kStages = Cfg::kStages;
   constexpr int kHalfBytes = int(Smem::kQwkArrays) * kChunk * 128;
+  static_assert(kValueRows == 64 || kValueRows == 128, "wgmma m64: one or two warpgroups of 64 value rows");
   static_assert(Smem::kQwkArrays == 4, "the state update reads Kh lo (array 3)");
-  static_assert(Cfg::kConsumerWarps * 32 == kWgThreads, "128 value rows: 8 warps, two warpgroups");
+  static_assert(Cfg::kThreads == kValueRows * 2, "one warp per 16 value rows");
 
   extern __shared__ uint8_t smem_raw[];
   uint8_t* smem = smem_raw + ((1024u - (ptx::smem_addr(smem_raw) & 1023u)) & 1023u);
   uint64_t* full = reinterpret_cast<uint64_t*>(smem + Smem::kBarrierOffset);
   uint64_t* empty = full + kStages;
 
-  // Grid order (fastest first): segment, value head, sequence (one CTA covers all 128 rows).
+  // Grid order (fastest first): value slice z, segment, value head, sequence (as kernel.cuh).
   const int64_t cta = blockIdx.x;
-  const int seg = int(cta % p.max_segments);
-  const int h = int((cta / p.max_segments) % p.num_v_heads);
-  const int n = int(cta / p.max_segments / p.num_v_heads);
+  const int z = int(cta % Cfg::kSlices);
+  const int64_t rest = cta / Cfg::kSlices;
+  const int seg = int(rest % p.max_segments);
+  const int h = int((rest / p.max_segments) % p.num_v_heads);
+  const int n = int(rest / p.max_segments / p.num_v_heads);
+  const int v0 = z * kValueRows;
   const int warp = threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   const int wg = warp / 4;
@@ -80,7 +84,7 @@ __global__ void __launch_bounds__(kWgThreads, 1)
 
   auto issue_chunk = [&](int j) {
     const int s = j % kStages;
-    issue_block_loads<Smem>(smem + s * Smem::kStageBytes, &full[s], tma, p, (chunk_begin + j_begin + j) * HV + h, 0);
+    issue_block_loads<Smem>(smem + s * Smem::kStageBytes, &full[s], tma, p, (chunk_begin + j_begin + j) * HV + h, v0);
   };
   const bool is_issuer = threadIdx.x == 0;
   if (is_issuer && num_chunks > 0) {
@@ -89,7 +93,8 @@ __global__ void __launch_bounds__(kWgThreads, 1)
   }
 
   const int g = lane / 4, t = lane % 4;
-  const int vrow = 64 * wg + 16 * (warp % 4) + g;  // value row of c0/c1 (c2/c3: vrow + 8)
+  const int vslice = 64 * wg + 16 * (warp % 4) + g;  // value row of c0/c1 within the CTA's slice
+  const int vrow = v0 + vslice;                       // ... within the head (c2/c3: + 8)
 
   float state[64];
   float(&state4)[16][4] = reinterpret_cast<float(&)[16][4]>(state);
@@ -98,7 +103,7 @@ __global__ void __launch_bounds__(kWgThreads, 1)
   const int seq_len = p.seq_len[n];
   const int64_t seq_start = p.seq_start[n];
   __nv_bfloat16* o_seq = p.o + (p.packed ? 0 : int64_t(n) * p.stride_o_b) + seq_start * p.stride_o_t +
-                         int64_t(h) * p.stride_o_h + 64 * wg + 16 * (warp % 4);
+                         int64_t(h) * p.stride_o_h + v0 + 64 * wg + 16 * (warp % 4);
 
   const int chunks_per_state = p.chunk_states != nullptr ? p.chunk_state_interval / kChunk : 0;
   const bool write_chunk_states = chunks_per_state > 0;
@@ -123,9 +128,9 @@ __global__ void __launch_bounds__(kWgThreads, 1)
 #pragma unroll
       for (int hr = 0; hr < 2; ++hr) {
         const int tok = 8 * nt + 2 * t;
-        const int col = vrow + 8 * hr;
-        accU[4 * nt + 2 * hr] = u0[tok * 128 + col];
-        accU[4 * nt + 2 * hr + 1] = u0[(tok + 1) * 128 + col];
+        const int col = vslice + 8 * hr;
+        accU[4 * nt + 2 * hr] = u0[tok * kValueRows + col];
+        accU[4 * nt + 2 * hr + 1] = u0[(tok + 1) * kValueRows + col];
       }
     }
 
@@ -210,7 +215,7 @@ __global__ void __launch_bounds__(kWgThreads, 1)
   }
 }
 
-// KDAKIT_RECURRENCE=wgmma (read once): the 128-row recurrence runs on this kernel.
+// KDAKIT_RECURRENCE=wgmma (read once): the 64- and 128-row recurrence runs on this kernel.
 bool use_wgmma_recurrence() {
   static const bool on = [] {
     const char* env = std::getenv("KDAKIT_RECURRENCE");
@@ -219,15 +224,19 @@ bool use_wgmma_recurrence() {
   return on;
 }
 
+template <int kValueRows>
 Status launch_wgmma(const KernelParams& kp, const TmaParams& tma, int64_t num_ctas, cudaStream_t stream) {
-  using Smem = typename Config<128>::SharedMemoryPlan;
-  auto kernel = kda_prefill_recurrence_wgmma_sm90_kernel;
+  using Smem = typename Config<kValueRows>::SharedMemoryPlan;
+  auto kernel = kda_prefill_recurrence_wgmma_sm90_kernel<kValueRows>;
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(Smem::kAllocBytes));
   if (err != cudaSuccess) return cuda_status(err, "cudaFuncSetAttribute(wgmma)", __LINE__);
-  kernel<<<dim3(unsigned(num_ctas)), kWgThreads, Smem::kAllocBytes, stream>>>(kp, tma);
+  kernel<<<dim3(unsigned(num_ctas)), kValueRows * 2, Smem::kAllocBytes, stream>>>(kp, tma);
   err = cudaGetLastError();
   if (err != cudaSuccess) return cuda_status(err, "kda_prefill_recurrence_wgmma_sm90_kernel launch", __LINE__);
   return Status::Ok();
 }
+
+template Status launch_wgmma<64>(const KernelParams&, const TmaParams&, int64_t, cudaStream_t);
+template Status launch_wgmma<128>(const KernelParams&, const TmaParams&, int64_t, cudaStream_t);
 
 }  // namespace kdakit::sm90::prefill::recurrence
