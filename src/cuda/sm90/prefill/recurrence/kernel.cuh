@@ -201,6 +201,23 @@ __device__ __forceinline__ void store_chunk_state(const float (&state)[16][4], c
                 common::StateView{p.k_first, p.chunk_bf16, p.chunk_pairs});
 }
 
+// Chunk j of the CTA's range (blocks (first_chunk + j) * HV + h) into stage j % kStages, and,
+// by thread 0 before the chunk loop, the maps into cache and the first kStages chunks in flight.
+template <class Smem, int kStages>
+__device__ __forceinline__ void issue_chunk_at(uint8_t* smem, uint64_t* full, const TmaParams& tma,
+                                               const KernelParams& p, int first_chunk, int h, int v0, int j) {
+  const int s = j % kStages;
+  issue_block_loads<Smem>(smem + s * Smem::kStageBytes, &full[s], tma, p, (first_chunk + j) * p.num_v_heads + h, v0);
+}
+template <class Smem, int kStages>
+__device__ __forceinline__ void issue_first_chunks(uint8_t* smem, uint64_t* full, const TmaParams& tma,
+                                                   const KernelParams& p, int first_chunk, int h, int v0,
+                                                   int num_chunks) {
+  if (num_chunks <= 0) return;
+  prefetch_block_maps(tma);
+  for (int j = 0; j < min(kStages, num_chunks); ++j) issue_chunk_at<Smem, kStages>(smem, full, tma, p, first_chunk, h, v0, j);
+}
+
 // ---- the kernel -------------------------------------------------------------------------------
 // kSummary: the summary pass (workspace.h, segments). CTA z < kSlices runs value slice z from a
 // zero state (Psi), z >= kSlices runs key rows of Phi from the identity with U0 = 0; neither
@@ -236,7 +253,6 @@ __global__ void __launch_bounds__(Config<kValueRows>::kThreads) __maxnreg__(Conf
   const int v0 = (z % Cfg::kSlices) * kValueRows;
   const int warp = threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
-  const int HV = p.num_v_heads;
 
   // This CTA's chunks of the sequence: segment seg. The summary pass has no work for the last
   // segment, the recurrence none past it (the whole grid's early exits are uniform per CTA,
@@ -255,15 +271,9 @@ __global__ void __launch_bounds__(Config<kValueRows>::kThreads) __maxnreg__(Conf
   __syncthreads();
 
   // Issues the TMA loads of chunk j into stage j % kStages (one lane of warp 0).
-  auto issue_chunk = [&](int j) {
-    const int s = j % kStages;
-    issue_block_loads<Smem>(smem + s * Smem::kStageBytes, &full[s], tma, p, (chunk_begin + j_begin + j) * HV + h, v0);
-  };
+  auto issue_chunk = [&](int j) { issue_chunk_at<Smem, kStages>(smem, full, tma, p, chunk_begin + j_begin, h, v0, j); };
   const bool is_issuer = threadIdx.x == 0;
-  if (is_issuer && num_chunks > 0) {
-    prefetch_block_maps(tma);
-    for (int j = 0; j < min(kStages, num_chunks); ++j) issue_chunk(j);
-  }
+  if (is_issuer) issue_first_chunks<Smem, kStages>(smem, full, tma, p, chunk_begin + j_begin, h, v0, num_chunks);
 
   // ================================ every warp: 16 value rows ================================
   const int group = lane / 4;

@@ -71,7 +71,6 @@ __global__ void __launch_bounds__(kValueRows * 2, 1)
   const int warp = threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   const int wg = warp / 4;
-  const int HV = p.num_v_heads;
 
   const SegmentWork work = segment_work(p, n, seg);
   if (seg >= work.nseg) return;
@@ -82,15 +81,9 @@ __global__ void __launch_bounds__(kValueRows * 2, 1)
     init_pipeline<kStages>(full, empty, Cfg::kConsumerWarps, last_segment_flag, seg == work.nseg - 1);
   __syncthreads();
 
-  auto issue_chunk = [&](int j) {
-    const int s = j % kStages;
-    issue_block_loads<Smem>(smem + s * Smem::kStageBytes, &full[s], tma, p, (chunk_begin + j_begin + j) * HV + h, v0);
-  };
+  auto issue_chunk = [&](int j) { issue_chunk_at<Smem, kStages>(smem, full, tma, p, chunk_begin + j_begin, h, v0, j); };
   const bool is_issuer = threadIdx.x == 0;
-  if (is_issuer && num_chunks > 0) {
-    prefetch_block_maps(tma);
-    for (int j = 0; j < min(kStages, num_chunks); ++j) issue_chunk(j);
-  }
+  if (is_issuer) issue_first_chunks<Smem, kStages>(smem, full, tma, p, chunk_begin + j_begin, h, v0, num_chunks);
 
   const int g = lane / 4, t = lane % 4;
   const int vslice = 64 * wg + 16 * (warp % 4) + g;  // value row of c0/c1 within the CTA's slice
