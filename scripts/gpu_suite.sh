@@ -5,7 +5,7 @@
 # results go to $OUT; a short table is printed last.
 # Usage: scripts/gpu_suite.sh [--no-tests] [--no-bench] [--prefill-only] [--skip TEST_BINARY]...
 # [extra args for the prefill bench]. --prefill-only runs the prefill tests (prep, recurrence, default
-# path, segments, pool, the wgmma recurrence, sanitizers, the prep timing) and the prefill benchmark alone. --skip leaves out one test binary (e.g. kdakit_decode_tests, whose ~540 variant
+# path, segments, pool, 64-row CTAs, sanitizers, the prep timing) and the prefill benchmark alone. --skip leaves out one test binary (e.g. kdakit_decode_tests, whose ~540 variant
 # cases tests/cpp/decode/run_on_gpu.sh runs) to fit a device call's time limit.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -77,25 +77,18 @@ if [ "$run_tests" = 1 ]; then
     done
   done
   grep -h "o vs whole" "$out/logs/prefill_gpu_test.log" | tee -a "$summary"
-  # The wgmma recurrence (KDAKIT_RECURRENCE=wgmma, opt-in until measured; it takes the 128-row
-  # CTAs, forced here) on every two-kernel case, whole sequences and segments of 2, then the
-  # sanitizers.
-  for sg in 0:128 0:64 2:128; do
-    for t in prefill_gpu_test prefill_pool_gpu_test; do
-      log="$out/logs/${t}_wgmma_s${sg//:/_}.log"
-      KDAKIT_RECURRENCE=wgmma KDAKIT_PREFILL_PATH=chunked KDAKIT_PREFILL_SEGMENTS=$sg timeout 300 "$stage/bin/$t" \
-        --gtest_brief=1 --gtest_filter='-*PrefillSegmentsGpu*' >"$log" 2>&1
-      echo "gtest $t[wgmma recurrence, segments $sg] rc=$? $(grep -E '^\[  (PASSED|FAILED|SKIPPED) ' "$log" | tr -s ' ' | tr '\n' ' ')" | tee -a "$summary"
-      grep -E '^\[  FAILED  \].*\(' "$log" | head -3
-    done
+  # 64-row recurrence CTAs (the wgmma kernel with one warpgroup) forced on every two-kernel
+  # case, whole sequences (the cost model picks 128 rows for most of them), then the sanitizers
+  # on the 128-row wgmma kernel.
+  for t in prefill_gpu_test prefill_pool_gpu_test; do
+    log="$out/logs/${t}_rows64.log"
+    KDAKIT_PREFILL_PATH=chunked KDAKIT_PREFILL_SEGMENTS=0:64 timeout 300 "$stage/bin/$t" \
+      --gtest_brief=1 --gtest_filter='-*PrefillSegmentsGpu*' >"$log" 2>&1
+    echo "gtest $t[whole sequences, 64-row CTAs] rc=$? $(grep -E '^\[  (PASSED|FAILED|SKIPPED) ' "$log" | tr -s ' ' | tr '\n' ' ')" | tee -a "$summary"
+    grep -E '^\[  FAILED  \].*\(' "$log" | head -3
   done
-  KDAKIT_RECURRENCE=wgmma timeout 300 "$stage/bin/prefill_recurrence_test" --gtest_brief=1 \
-    >"$out/logs/prefill_recurrence_test_wgmma.log" 2>&1
-  echo "gtest prefill_recurrence_test[wgmma] rc=$? $(grep -E '^\[  (PASSED|FAILED|SKIPPED) ' "$out/logs/prefill_recurrence_test_wgmma.log" | tr -s ' ' | tr '\n' ' ')" | tee -a "$summary"
-  grep -E '^\[  FAILED  \].*\(' "$out/logs/prefill_recurrence_test_wgmma.log" | head -3
   for tool in memcheck racecheck synccheck; do
-    KDAKIT_RECURRENCE=wgmma KDAKIT_PREFILL_PATH=chunked KDAKIT_PREFILL_SEGMENTS=0:128 timeout 180 \
-      compute-sanitizer --tool $tool \
+    KDAKIT_PREFILL_PATH=chunked KDAKIT_PREFILL_SEGMENTS=0:128 timeout 180 compute-sanitizer --tool $tool \
       "$stage/bin/prefill_gpu_test" --gtest_filter='*long_packed_softplus*:*many_short*:*strided*' \
       >"$out/logs/${tool}_wgmma.log" 2>&1
     echo "$tool wgmma recurrence rc=$? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$out/logs/${tool}_wgmma.log" | tr '\n' ' ')" | tee -a "$summary"
@@ -103,10 +96,7 @@ if [ "$run_tests" = 1 ]; then
   timeout 120 compute-sanitizer --tool racecheck "$stage/bin/prefill_prep_test" \
     --gtest_filter='*FixedLowerBoundOddLength:*ManyShortSequences:*SteepSoftplusHeads' >"$out/logs/racecheck_prep.log" 2>&1
   echo "racecheck prep rc=$? $(grep -E 'RACECHECK SUMMARY' "$out/logs/racecheck_prep.log")" | tee -a "$summary"
-  for rec in mma wgmma; do
-    KDAKIT_RECURRENCE=$rec timeout 120 "$stage/bin/prefill_prep_timing" 10 2>&1 | grep PREP_TIMING | sed "s/^/[$rec] /" |
-      tee -a "$summary"
-  done
+  timeout 120 "$stage/bin/prefill_prep_timing" 10 2>&1 | grep PREP_TIMING | tee -a "$summary"
   for tool in memcheck racecheck; do
     KDAKIT_PREFILL_PATH=chunked KDAKIT_PREFILL_SEGMENTS=2 timeout 180 compute-sanitizer --tool $tool \
       "$stage/bin/prefill_gpu_test" --gtest_filter='*long_packed_softplus*:*many_short*:*long_fixed_gva*' \

@@ -179,12 +179,13 @@ TEST_P(PrefillSegmentsGpu, AccuracyEqualsWholeSequences) {
   const double es_whole = relative_l2(final_state_of(c, whole), fs_ref).rel_l2;
   ::testing::Test::RecordProperty("o_whole", std::to_string(eo_whole));
   ::testing::Test::RecordProperty("final_state_whole", std::to_string(es_whole));
-  // NOTE: no absolute bar here. A float64 mirror of the kernels' roundings (bf16 Qt, W, Kh, M
-  // operands) puts the slow gate at ~4.2e-3 output and ~3.2e-3 fp32 state against the float64
-  // reference for every path, segmented or not (the bars are 4e-3 and 2e-3; Kh's rounding is
-  // the largest share of the state's). That gap is the chunked kernels' and is tracked in
-  // docs/design/20261201-prefill-segments.md; this test is about the chain, so it bounds the
-  // segmented runs by the whole-sequence run on the same inputs.
+  // The bars (CONTRACT.md section 6) on the long slow-gate inputs, whole sequences and segmented:
+  // with Kh and S0 (against W) as bf16 hi + lo the kernels' roundings put T=32K and 128K at
+  // ~3.7e-3 output and ~1.9e-3 fp32 state (H200; 4.3e-3 and 3.2e-3 without the two splits,
+  // docs/design/20261201-prefill-segments.md).
+  const double state_bar = c.dtype_state == DType::kBFloat16 ? 8e-3 : 2e-3;
+  EXPECT_LE(eo_whole, 4e-3) << "whole sequences: output";
+  EXPECT_LE(es_whole, state_bar) << "whole sequences: final state";
   for (const auto& [label, t] : {std::pair<const char*, const PrefillTensors*>{"model's segments", &model},
                                  {"segments of 2 chunks", &short_segs}}) {
     SCOPED_TRACE(label);
@@ -194,6 +195,8 @@ TEST_P(PrefillSegmentsGpu, AccuracyEqualsWholeSequences) {
     std::printf("[%s] %s: o %.3e, final state %.3e; whole sequences: o %.3e, final state %.3e; "
                 "o vs whole %.3e\n",
                 c.name.c_str(), label, eo, es, eo_whole, es_whole, vs_whole);
+    EXPECT_LE(eo, 4e-3) << "output";
+    EXPECT_LE(es, state_bar) << "final state";
     // the chain costs no accuracy: within 10% (+ 1e-4) of the whole-sequence recurrence's error
     EXPECT_LE(eo, 1.1 * eo_whole + 1e-4);
     EXPECT_LE(es, 1.1 * es_whole + 1e-4);
