@@ -73,6 +73,7 @@ struct SharedMemoryPlan {
   static constexpr size_t kBf16Tile = kChunk * kRowBytes;  // 16 KiB
   // Phase 1 (elementwise) and 2 (L/M products):
   static constexpr size_t kVOffset = 0;                               // V  bf16 [64][128]
+  static constexpr size_t kAmLoOffset = kVOffset;                     // A^M lo, before V (phases 1-2)
   static constexpr size_t kKtOffset = kVOffset + kBf16Tile;           // Kt bf16 [64][128]
   static constexpr size_t kQaOffset = kKtOffset + kBf16Tile;          // qA bf16 [64][128]
   static constexpr size_t kKaOffset = kQaOffset + kBf16Tile;          // kA bf16 [64][128]

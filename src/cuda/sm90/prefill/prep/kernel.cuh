@@ -22,14 +22,16 @@
 //   T = (I + diag(beta) L)^-1,  W = T diag(beta) Kt,  U0 = T diag(beta) V.
 //
 // Warp roles and phases (one CTA, 8 warps, __syncthreads between phases):
-//   1. q, k, V -> shared by cp.async (q and k into the A^M, A^L tiles). Thread (warp w,
+//   1. q, k -> shared by cp.async (into the A^M, A^L tiles). Thread (warp w,
 //      lane 2 rq + co) owns rows 4 rq .. 4 rq + 3 and channels 16 w + 8 co .. + 7: 16-byte
 //      loads of g, gate and running sum in registers (local sum + shuffle scan over the 16 row
 //      groups); norms (8-warp shared sums in fixed order). Writes Qt, Kh, decay to the block;
 //      Kt, A^L, A^M (in place over k, q), B^(R) to shared memory (bf16, 16-byte chunks
 //      XOR-swizzled by row).
 //   2. L, M on tensor cores: each is 20 n8 tiles (config.h, lm_tile), warp w computes five of
-//      L's (w < 4) or M's.
+//      L's (w < 4) or M's. M's A operand is A^M as bf16 hi + lo (its lo tile in V's space, V
+//      loaded after this phase): the rounding of A^M was the largest single share of the
+//      output error on lower-bound gates (tools/chunked_rounding_model.py).
 //   3. L, M to shared fp32 (masked), per-element terms of wide-span channels, M to the block.
 //   4. T on tensor cores (config.h): warps 0-3 invert their diagonal 16 x 16 block in registers
 //      by repeated squaring, then warps 1-3 compute their row of off-diagonal blocks right to
@@ -119,18 +121,23 @@ __device__ __forceinline__ uint4 pack8(const float (&x)[8]) {
   return r;
 }
 
-// Warp kWl's five tiles of the L or M product (A: the qA or kA tile, B: the kB tile).
-template <int kWl>
+// Warp kWl's five tiles of the L or M product (A: the qA or kA tile, B: the kB tile). kLo: A
+// is the bf16 pair a_base (hi) + a_lo_base (lo), two passes per tile (M's).
+template <int kWl, bool kLo>
 __device__ __forceinline__ void lm_products(float (&acc)[kLmTilesPerWarp][4], const unsigned char* a_base,
-                                            const unsigned char* b_base, int lane) {
+                                            const unsigned char* a_lo_base, const unsigned char* b_base, int lane) {
   constexpr int kF0 = kLmTilesPerWarp * kWl;
   constexpr int kR0 = lm_tile(kF0).R, kR1 = lm_tile(kF0 + kLmTilesPerWarp - 1).R;
 #pragma unroll
   for (int ks = 0; ks < kHeadDim / 16; ++ks) {
-    uint32_t a0[4], a1[4];
-    kdakit::cuda::ldmatrix_x4(a0, kdakit::cuda::smem_u32(a_base + swz(kSubBlock * kR0 + (lane & 15), 2 * ks + (lane >> 4))));
+    uint32_t a0[4], a1[4], l0[4], l1[4];
+    const uint32_t off0 = swz(kSubBlock * kR0 + (lane & 15), 2 * ks + (lane >> 4));
+    const uint32_t off1 = swz(kSubBlock * kR1 + (lane & 15), 2 * ks + (lane >> 4));
+    kdakit::cuda::ldmatrix_x4(a0, kdakit::cuda::smem_u32(a_base + off0));
+    if constexpr (kLo) kdakit::cuda::ldmatrix_x4(l0, kdakit::cuda::smem_u32(a_lo_base + off0));
     if constexpr (kR1 != kR0) {
-      kdakit::cuda::ldmatrix_x4(a1, kdakit::cuda::smem_u32(a_base + swz(kSubBlock * kR1 + (lane & 15), 2 * ks + (lane >> 4))));
+      kdakit::cuda::ldmatrix_x4(a1, kdakit::cuda::smem_u32(a_base + off1));
+      if constexpr (kLo) kdakit::cuda::ldmatrix_x4(l1, kdakit::cuda::smem_u32(a_lo_base + off1));
     }
 #pragma unroll
     for (int i = 0; i < kLmTilesPerWarp; ++i) {
@@ -139,8 +146,10 @@ __device__ __forceinline__ void lm_products(float (&acc)[kLmTilesPerWarp][4], co
       const int row = kb_row_offset(tile.R) + 8 * tile.nt + (lane & 7);
       kdakit::cuda::ldmatrix_x2(b, kdakit::cuda::smem_u32(b_base + swz(row, 2 * ks + ((lane >> 3) & 1))));
       if (tile.R == kR0) {
+        if constexpr (kLo) kdakit::cuda::mma_bf16_16816(acc[i], l0, b[0], b[1]);
         kdakit::cuda::mma_bf16_16816(acc[i], a0, b[0], b[1]);
       } else {
+        if constexpr (kLo) kdakit::cuda::mma_bf16_16816(acc[i], l1, b[0], b[1]);
         kdakit::cuda::mma_bf16_16816(acc[i], a1, b[0], b[1]);
       }
     }
@@ -202,11 +211,10 @@ __global__ void __launch_bounds__(kThreads, 2) kda_prefill_prep_sm90_kernel(cons
   const __nv_bfloat16* kg = static_cast<const __nv_bfloat16*>(p.k) + brow * p.stride_k_b + tok0 * p.stride_k_t +
                             int64_t(hk) * p.stride_k_h;
 
-  // ---- Phase 1a: q, k, V -> shared (cp.async); rows past the chunk are zeros ----------------
-  // q and k land in the qA and kA tiles, which phase 1c overwrites in place.
+  // ---- Phase 1a: q, k -> shared (cp.async); rows past the chunk are zeros ----------------
+  // q and k land in the qA and kA tiles, which phase 1c overwrites in place. V comes after
+  // phase 2: its tile holds A^M lo until then.
   {
-    const __nv_bfloat16* vg = static_cast<const __nv_bfloat16*>(p.v) + brow * p.stride_v_b + tok0 * p.stride_v_t +
-                              int64_t(h) * p.stride_v_h;
 #pragma unroll
     for (int u = 0; u < kChunk * 16 / kThreads; ++u) {
       const int c = tid + u * kThreads;
@@ -215,11 +223,9 @@ __global__ void __launch_bounds__(kThreads, 2) kda_prefill_prep_sm90_kernel(cons
       if (r < len) {
         kdakit::cuda::cp_async_16(kdakit::cuda::smem_u32(smem + Plan::kQaOffset + off), qg + int64_t(r) * p.stride_q_t + ch * 8);
         kdakit::cuda::cp_async_16(kdakit::cuda::smem_u32(smem + Plan::kKaOffset + off), kg + int64_t(r) * p.stride_k_t + ch * 8);
-        kdakit::cuda::cp_async_16(kdakit::cuda::smem_u32(smem + Plan::kVOffset + off), vg + int64_t(r) * p.stride_v_t + ch * 8);
       } else {
         *reinterpret_cast<uint4*>(smem + Plan::kQaOffset + off) = make_uint4(0u, 0u, 0u, 0u);
         *reinterpret_cast<uint4*>(smem + Plan::kKaOffset + off) = make_uint4(0u, 0u, 0u, 0u);
-        *reinterpret_cast<uint4*>(smem + Plan::kVOffset + off) = make_uint4(0u, 0u, 0u, 0u);
       }
     }
     kdakit::cuda::cp_async_commit();
@@ -458,7 +464,13 @@ __global__ void __launch_bounds__(kThreads, 2) kda_prefill_prep_sm90_kernel(cons
       *reinterpret_cast<uint4*>(smem + Plan::kKtOffset + off) = pack8(out);
 #pragma unroll
       for (int e = 0; e < 8; ++e) out[e] = qn[e] * fa[e];
-      *reinterpret_cast<uint4*>(smem + Plan::kQaOffset + off) = pack8(out);
+      uint4 am_hi, am_lo;  // A^M as bf16 hi + lo (M's product takes both)
+      kdakit::cuda::split_bf16x2(out[0], out[1], am_hi.x, am_lo.x);
+      kdakit::cuda::split_bf16x2(out[2], out[3], am_hi.y, am_lo.y);
+      kdakit::cuda::split_bf16x2(out[4], out[5], am_hi.z, am_lo.z);
+      kdakit::cuda::split_bf16x2(out[6], out[7], am_hi.w, am_lo.w);
+      *reinterpret_cast<uint4*>(smem + Plan::kQaOffset + off) = am_hi;
+      *reinterpret_cast<uint4*>(smem + Plan::kAmLoOffset + off) = am_lo;
 #pragma unroll
       for (int e = 0; e < 8; ++e) out[e] = kn[e] * fa[e];
       *reinterpret_cast<uint4*>(smem + Plan::kKaOffset + off) = pack8(out);
@@ -473,16 +485,40 @@ __global__ void __launch_bounds__(kThreads, 2) kda_prefill_prep_sm90_kernel(cons
 #pragma unroll
   for (int i = 0; i < kLmTilesPerWarp; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
   {
-    const unsigned char* a_base = smem + (warp < 4 ? Plan::kKaOffset : Plan::kQaOffset);
+    const unsigned char* ka = smem + Plan::kKaOffset;
+    const unsigned char* qa = smem + Plan::kQaOffset;
+    const unsigned char* qa_lo = smem + Plan::kAmLoOffset;
     const unsigned char* b_base = smem + Plan::kKbOffset;
-    switch (warp & 3) {
-      case 0: lm_products<0>(acc, a_base, b_base, lane); break;
-      case 1: lm_products<1>(acc, a_base, b_base, lane); break;
-      case 2: lm_products<2>(acc, a_base, b_base, lane); break;
-      default: lm_products<3>(acc, a_base, b_base, lane); break;
+    switch (warp) {
+      case 0: lm_products<0, false>(acc, ka, nullptr, b_base, lane); break;
+      case 1: lm_products<1, false>(acc, ka, nullptr, b_base, lane); break;
+      case 2: lm_products<2, false>(acc, ka, nullptr, b_base, lane); break;
+      case 3: lm_products<3, false>(acc, ka, nullptr, b_base, lane); break;
+      case 4: lm_products<0, true>(acc, qa, qa_lo, b_base, lane); break;
+      case 5: lm_products<1, true>(acc, qa, qa_lo, b_base, lane); break;
+      case 6: lm_products<2, true>(acc, qa, qa_lo, b_base, lane); break;
+      default: lm_products<3, true>(acc, qa, qa_lo, b_base, lane); break;
     }
   }
-  __syncthreads();  // qA, kA and kB are no longer read
+  __syncthreads();  // qA, A^M lo, kA and kB are no longer read
+
+  // ---- V -> shared (cp.async, into the A^M lo tile), waited for before phase 5 -------------
+  {
+    const __nv_bfloat16* vg = static_cast<const __nv_bfloat16*>(p.v) + brow * p.stride_v_b + tok0 * p.stride_v_t +
+                              int64_t(h) * p.stride_v_h;
+#pragma unroll
+    for (int u = 0; u < kChunk * 16 / kThreads; ++u) {
+      const int c = tid + u * kThreads;
+      const int r = c >> 4, ch = c & 15;
+      const uint32_t off = swz(r, ch);
+      if (r < len) {
+        kdakit::cuda::cp_async_16(kdakit::cuda::smem_u32(smem + Plan::kVOffset + off), vg + int64_t(r) * p.stride_v_t + ch * 8);
+      } else {
+        *reinterpret_cast<uint4*>(smem + Plan::kVOffset + off) = make_uint4(0u, 0u, 0u, 0u);
+      }
+    }
+    kdakit::cuda::cp_async_commit();
+  }
 
   // ---- Phase 3: L, M to shared fp32; wide-span terms; M to the block ---------------------
   float* Lf = reinterpret_cast<float*>(smem + Plan::kLOffset);
@@ -578,6 +614,7 @@ __global__ void __launch_bounds__(kThreads, 2) kda_prefill_prep_sm90_kernel(cons
   __syncthreads();
   // The off-diagonal blocks, on six warps in three steps (its own barriers).
   tc_offdiag_blocks(Lf, Tf, beta_s, warp, g, t, tb_hi, tb_lo);
+  kdakit::cuda::cp_async_wait_all();  // V
   __syncthreads();
 
   // ---- Phase 5: W = T diag(beta) Kt, U0 = T diag(beta) V from the hi/lo tiles, balanced ----

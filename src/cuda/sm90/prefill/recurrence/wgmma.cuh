@@ -9,7 +9,7 @@
 //   issues the TMA loads, as in kernel.cuh.
 // Per chunk and warpgroup (m64, k16 steps; A from registers, B from the 128B-swizzled stage):
 //   U^T  = U0^T - S0^T W^T        8 x (hi + lo) m64n64 (U0 from the stage, S0 as bf16 hi + lo)
-//   O^T  = S0^T Qt^T + U^T M^T    8 + 4 x (hi + lo) m64n64
+//   O^T  = S0^T Qt^T + U^T M^T    8 x (hi + lo) + 4 x (hi + lo) m64n64 (S0 hi + lo, U hi + lo)
 //   S^T  = S0^T diag(decay) + U^T Kh   4 x 3 m64n128 (U hi x Kh, U lo x Kh, U hi x Kh lo)
 // The M product's group is committed before the state's; the output leaves from the accumulator
 // registers (neighbouring value channels paired through a shuffle) while the state's group runs.
@@ -128,7 +128,7 @@ __global__ void __launch_bounds__(kValueRows * 2, 1)
       }
     }
 
-    // ---- accU -= S0^T W^T (S0 as hi + lo), accO = S0^T Qt^T (hi); one key-channel half at a time
+    // ---- accU -= S0^T W^T, accO = S0^T Qt^T (S0 as hi + lo in both); one key-channel half at a time
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
       uint32_t sa[4][4], sl[4][4];
@@ -147,6 +147,7 @@ __global__ void __launch_bounds__(kValueRows * 2, 1)
         common::gmma_rs<common::OpNegRS64>(sl[i], qwk_desc_k<kHalfBytes>(qwk_base, 1, kk), accU, true);
         common::gmma_rs<common::OpNegRS64>(sa[i], qwk_desc_k<kHalfBytes>(qwk_base, 1, kk), accU, true);
         common::gmma_rs<common::OpRS64>(sa[i], qwk_desc_k<kHalfBytes>(qwk_base, 0, kk), accO, kk > 0);
+        common::gmma_rs<common::OpRS64>(sl[i], qwk_desc_k<kHalfBytes>(qwk_base, 0, kk), accO, true);
       }
       ptx::wgmma_commit();
       ptx::wgmma_wait<0>();
