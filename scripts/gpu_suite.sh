@@ -93,6 +93,11 @@ if [ "$run_tests" = 1 ]; then
       >"$out/logs/${tool}_wgmma.log" 2>&1
     echo "$tool wgmma recurrence rc=$? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$out/logs/${tool}_wgmma.log" | tr '\n' ' ')" | tee -a "$summary"
   done
+  # the mma.sync kernel with its stage refills (whole sequences on 32-row CTAs; segments of 2
+  # chunks never refill a stage)
+  KDAKIT_PREFILL_PATH=chunked KDAKIT_PREFILL_SEGMENTS=0:32 timeout 180 compute-sanitizer --tool racecheck \
+    "$stage/bin/prefill_gpu_test" --gtest_filter='*long_packed_softplus*:*strided*' >"$out/logs/racecheck_rows32.log" 2>&1
+  echo "racecheck mma.sync recurrence (32 rows) rc=$? $(grep -E 'RACECHECK SUMMARY' "$out/logs/racecheck_rows32.log" | tr '\n' ' ')" | tee -a "$summary"
   timeout 120 compute-sanitizer --tool racecheck "$stage/bin/prefill_prep_test" \
     --gtest_filter='*FixedLowerBoundOddLength:*ManyShortSequences:*SteepSoftplusHeads' >"$out/logs/racecheck_prep.log" 2>&1
   echo "racecheck prep rc=$? $(grep -E 'RACECHECK SUMMARY' "$out/logs/racecheck_prep.log")" | tee -a "$summary"

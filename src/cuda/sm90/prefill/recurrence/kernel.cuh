@@ -28,7 +28,7 @@
 //   through ldmatrix (.trans for Kh, whose rows are the k dimension of U^T Kh). Thread 0 also
 //   issues the TMA loads.
 // Pipeline: stage s = j % 2 holds chunk j; full[s] completes when its bytes landed (TMA
-// transaction count), empty[s] when every warp has read it; thread 0 then loads chunk j + 2
+// transaction count), empty[s] when every thread has read it; thread 0 then loads chunk j + 2
 // into it, so each load has a whole chunk of compute to land. Per chunk and warp: 128 + 128 MMAs
 // (W and Qt against S0 as hi + lo), 192 (Kh hi against U hi + lo, Kh lo against U hi), 40
 // (M against U as hi + lo, the upper 16x16 blocks of the lower-triangular M skipped).
@@ -185,14 +185,17 @@ __device__ __forceinline__ void load_start_state(float (&state)[16][4], const Ke
 }
 
 // Thread 0, before the CTA's first barrier: the stage barriers (full: one arrival plus the TMA
-// bytes; empty: one arrival per consumer warp) and the last-segment flag.
+// bytes; empty: one arrival per thread of the CTA) and the last-segment flag.
+// NOTE: every thread arrives on empty for its own reads. With one arrival per warp after a
+// __syncwarp, ptxas drops the __syncwarp of a converged warp (a NOP in the SASS), and
+// compute-sanitizer's racecheck then reports lanes 1-31's stage reads as racing the refill.
 template <int kStages>
-__device__ __forceinline__ void init_pipeline(uint64_t* full, uint64_t* empty, int consumer_warps,
+__device__ __forceinline__ void init_pipeline(uint64_t* full, uint64_t* empty, int consumer_threads,
                                               volatile int* last_segment_flag, bool last_segment) {
   #pragma unroll
   for (int s = 0; s < kStages; ++s) {
     ptx::mbarrier_init(&full[s], 1);
-    ptx::mbarrier_init(&empty[s], consumer_warps);
+    ptx::mbarrier_init(&empty[s], consumer_threads);
   }
   *last_segment_flag = last_segment ? 1 : 0;
   ptx::fence_barrier_init();
@@ -274,7 +277,7 @@ __global__ void __launch_bounds__(Config<kValueRows>::kThreads) __maxnreg__(Conf
   const int j_begin = work.j_begin;
   const int num_chunks = work.num_chunks;
 
-  if (threadIdx.x == 0) init_pipeline<kStages>(full, empty, Cfg::kConsumerWarps, last_segment_flag, seg == nseg - 1);
+  if (threadIdx.x == 0) init_pipeline<kStages>(full, empty, Cfg::kThreads, last_segment_flag, seg == nseg - 1);
   __syncthreads();
 
   // Issues the TMA loads of chunk j into stage j % kStages (one lane of warp 0).
@@ -473,11 +476,10 @@ __global__ void __launch_bounds__(Config<kValueRows>::kThreads) __maxnreg__(Conf
 
     // Every access to this stage is done: release it; the issuer refills it with chunk j + kStages
     // once all warps have released it (a chunk ahead of its use).
-    // NOTE: the warp also wrote the stage (its output band): the proxy fence orders those
-    // generic-proxy writes before the TMA's async-proxy writes of the refill.
-    __syncwarp();
+    // NOTE: the warp also wrote the stage (its output band): each thread's proxy fence orders
+    // its generic-proxy writes before the TMA's async-proxy writes of the refill.
     ptx::fence_proxy_async_shared();
-    if (lane == 0) ptx::mbarrier_arrive(&empty[s]);
+    ptx::mbarrier_arrive(&empty[s]);
     if (is_issuer && j + kStages < num_chunks) {
       ptx::mbarrier_wait(&empty[s], (j / kStages) & 1);
       // NOTE: the warps' generic-proxy reads of the stage are ordered before the TMA's writes

@@ -79,7 +79,7 @@ __global__ void __launch_bounds__(kValueRows * 2, 1)
   volatile int* last_segment_flag = reinterpret_cast<volatile int*>(smem + Smem::kFlagsOffset);
 
   if (threadIdx.x == 0)
-    init_pipeline<kStages>(full, empty, Cfg::kConsumerWarps, last_segment_flag, seg == work.nseg - 1);
+    init_pipeline<kStages>(full, empty, Cfg::kThreads, last_segment_flag, seg == work.nseg - 1);
   __syncthreads();
 
   auto issue_chunk = [&](int j) { issue_chunk_at<Smem, kStages>(smem, full, tma, p, chunk_begin + j_begin, h, v0, j); };
@@ -193,14 +193,9 @@ __global__ void __launch_bounds__(kValueRows * 2, 1)
     ptx::wgmma_wait<0>();
     ptx::fence_operands(state);
 
-    // Every read of this stage is done (the wgmma reads completed at the wait above): release it.
-    // NOTE: the warp is converged here, so __syncwarp compiles to nothing and compute-sanitizer's
-    // racecheck then sees the other lanes' decay reads unordered with lane 0's arrive (2 hazards
-    // on the H200). Every lane's proxy fence orders its own generic reads before the refill's
-    // async-proxy writes, as in kernel.cuh; it costs one instruction per warp and chunk.
-    __syncwarp();
-    ptx::fence_proxy_async_shared();
-    if (lane == 0) ptx::mbarrier_arrive(&empty[s]);
+    // Every read of this stage is done (the wgmma reads completed at the wait above): release it
+    // (one arrival per thread, init_pipeline).
+    ptx::mbarrier_arrive(&empty[s]);
     if (is_issuer && j + kStages < num_chunks) {
       ptx::mbarrier_wait(&empty[s], (j / kStages) & 1);
       ptx::fence_proxy_async_shared();
