@@ -51,11 +51,14 @@ inline constexpr int kKbRows = kb_row_offset(kSubBlocks);  // 16 + 32 + 48 + 64 
 
 // Phase 2's work split. L and M are each 20 n8 tiles (16 rows x 8 columns, k = 128): sub-block
 // R's rows times columns 0 .. 16 (R + 1) - 1, flat index f over R = 3 (nt 0..7), R = 2 (nt 0..5),
-// R = 1 (nt 0..3), R = 0 (nt 0..1). Warp w of a matrix takes f = 5 w .. 5 w + 4: five mma per
-// k-step on every warp, at most two sub-blocks (A operands) per warp.
+// R = 1 (nt 0..3), R = 0 (nt 0..1). M's tiles take two mma per k-step (A^M as bf16 hi + lo),
+// L's one: warp w < 4 takes L's f = 5 w .. 5 w + 4 and M's f = 16 + w (7 mma per k-step), warp
+// w >= 4 M's f = 4 (w - 4) .. + 3 (8), at most two sub-blocks (A operands) per matrix and warp.
 // NOTE: one warp per sub-block gave 1 to 8 mma per k-step, and the barrier after the products
-// waited for the sub-block-3 warps.
-inline constexpr int kLmTilesPerWarp = 5;
+// waited for the sub-block-3 warps; five tiles per warp and matrix (session 6) became 5 against
+// 10 mma per k-step once M took two passes.
+inline constexpr int kLmTilesPerWarp = 5;   // L tiles of warps 0-3
+inline constexpr int kMTilesPerMWarp = 4;   // M tiles of warps 4-7 (warps 0-3 take the last four)
 struct LmTile {
   int R, nt;
 };
@@ -63,7 +66,8 @@ constexpr LmTile lm_tile(int f) {
   return f < 8 ? LmTile{3, f} : f < 14 ? LmTile{2, f - 8} : f < 18 ? LmTile{1, f - 14} : LmTile{0, f - 18};
 }
 static_assert(lm_tile(4 * kLmTilesPerWarp - 1).R == 0 && lm_tile(4 * kLmTilesPerWarp - 1).nt == 1,
-              "the four warps of a matrix cover its 20 tiles");
+              "warps 0-3 cover L's 20 tiles");
+static_assert(4 * kMTilesPerMWarp + 4 == 4 * kLmTilesPerWarp, "warps 4-7 and one tile on each of warps 0-3 cover M's");
 
 // Shared memory plan (bytes). bf16 [rows][128] arrays are 256-byte rows whose sixteen 16-byte
 // chunks are XOR-swizzled by (row & 7): ldmatrix of 8 rows at one logical chunk then hits 8

@@ -28,8 +28,8 @@
 //      groups); norms (8-warp shared sums in fixed order). Writes Qt, Kh, decay to the block;
 //      Kt, A^L, A^M (in place over k, q), B^(R) to shared memory (bf16, 16-byte chunks
 //      XOR-swizzled by row).
-//   2. L, M on tensor cores: each is 20 n8 tiles (config.h, lm_tile), warp w computes five of
-//      L's (w < 4) or M's. M's A operand is A^M as bf16 hi + lo (its lo tile in V's space, V
+//   2. L, M on tensor cores: each is 20 n8 tiles (config.h, lm_tile); warps 0-3 compute five
+//      of L's and one of M's each, warps 4-7 four of M's (lm_phase). M's A operand is A^M as bf16 hi + lo (its lo tile in V's space, V
 //      loaded after this phase): the rounding of A^M was the largest single share of the
 //      output error on lower-bound gates (tools/chunked_rounding_model.py).
 //   3. L, M to shared fp32 (masked), per-element terms of wide-span channels, M to the block.
@@ -121,13 +121,15 @@ __device__ __forceinline__ uint4 pack8(const float (&x)[8]) {
   return r;
 }
 
-// Warp kWl's five tiles of the L or M product (A: the qA or kA tile, B: the kB tile). kLo: A
-// is the bf16 pair a_base (hi) + a_lo_base (lo), two passes per tile (M's).
-template <int kWl, bool kLo>
-__device__ __forceinline__ void lm_products(float (&acc)[kLmTilesPerWarp][4], const unsigned char* a_base,
+// Tiles kF0 .. kF0 + kN - 1 (lm_tile) of the L or M product into acc[0 .. kN - 1] (A: the kA or
+// qA tile, B: the kB tile). kLo: A is the bf16 pair a_base (hi) + a_lo_base (lo), two passes per
+// tile (M's).
+template <int kF0, int kN, bool kLo, int kCap>
+__device__ __forceinline__ void lm_products(float (&acc)[kCap][4], const unsigned char* a_base,
                                             const unsigned char* a_lo_base, const unsigned char* b_base, int lane) {
-  constexpr int kF0 = kLmTilesPerWarp * kWl;
-  constexpr int kR0 = lm_tile(kF0).R, kR1 = lm_tile(kF0 + kLmTilesPerWarp - 1).R;
+  static_assert(kN <= kCap, "accumulators");
+  constexpr int kR0 = lm_tile(kF0).R, kR1 = lm_tile(kF0 + kN - 1).R;
+  static_assert(kR0 - kR1 <= 1, "at most two sub-blocks (A operands) per call");
 #pragma unroll
   for (int ks = 0; ks < kHeadDim / 16; ++ks) {
     uint32_t a0[4], a1[4], l0[4], l1[4];
@@ -140,7 +142,7 @@ __device__ __forceinline__ void lm_products(float (&acc)[kLmTilesPerWarp][4], co
       if constexpr (kLo) kdakit::cuda::ldmatrix_x4(l1, kdakit::cuda::smem_u32(a_lo_base + off1));
     }
 #pragma unroll
-    for (int i = 0; i < kLmTilesPerWarp; ++i) {
+    for (int i = 0; i < kN; ++i) {
       const LmTile tile = lm_tile(kF0 + i);
       uint32_t b[2];
       const int row = kb_row_offset(tile.R) + 8 * tile.nt + (lane & 7);
@@ -153,6 +155,56 @@ __device__ __forceinline__ void lm_products(float (&acc)[kLmTilesPerWarp][4], co
         kdakit::cuda::mma_bf16_16816(acc[i], a1, b[0], b[1]);
       }
     }
+  }
+}
+
+// Tiles kF0 .. kF0 + kN - 1 from acc to the fp32 [64][kLdF] matrix dst (kStrict: L, strictly
+// lower; else M, with its diagonal). Only the tiles left of the diagonal and the diagonal tiles
+// exist: L's blocks above the diagonal are never read, M's are written as zeros later.
+template <int kF0, int kN, bool kStrict, int kCap>
+__device__ __forceinline__ void lm_store(const float (&acc)[kCap][4], float* dst, int g, int t) {
+#pragma unroll
+  for (int i = 0; i < kN; ++i) {
+    const LmTile tile = lm_tile(kF0 + i);
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int r = kSubBlock * tile.R + g + 8 * half;
+      const int s = 8 * tile.nt + 2 * t;
+      float x0 = acc[i][2 * half], x1 = acc[i][2 * half + 1];
+      if ((tile.nt >> 1) == tile.R) {  // diagonal tile: entries above it may be inf, so select
+        x0 = (kStrict ? s < r : s <= r) ? x0 : 0.f;
+        x1 = (kStrict ? s + 1 < r : s + 1 <= r) ? x1 : 0.f;
+      }
+      *reinterpret_cast<float2*>(dst + r * SharedMemoryPlan::kLdF + s) = make_float2(x0, x1);
+    }
+  }
+}
+
+// Phase 2's split (config.h): warp kW < 4 computes L tiles 5 kW .. + 4 and M tile 16 + kW; warp
+// kW >= 4 computes M tiles 4 (kW - 4) .. + 3. M's tiles take two passes (A^M hi and lo), so
+// every warp issues 7 or 8 mma per k-step.
+template <int kW>
+__device__ __forceinline__ void lm_phase(float (&acc_l)[kLmTilesPerWarp][4], float (&acc_m)[kMTilesPerMWarp][4],
+                                         const unsigned char* smem, int lane) {
+  using Plan = SharedMemoryPlan;
+  const unsigned char* b_base = smem + Plan::kKbOffset;
+  if constexpr (kW < 4) {
+    lm_products<kLmTilesPerWarp * kW, kLmTilesPerWarp, false>(acc_l, smem + Plan::kKaOffset, nullptr, b_base, lane);
+    lm_products<kMTilesPerMWarp * 4 + kW, 1, true>(acc_m, smem + Plan::kQaOffset, smem + Plan::kAmLoOffset, b_base, lane);
+  } else {
+    lm_products<kMTilesPerMWarp * (kW - 4), kMTilesPerMWarp, true>(acc_m, smem + Plan::kQaOffset,
+                                                                   smem + Plan::kAmLoOffset, b_base, lane);
+  }
+}
+template <int kW>
+__device__ __forceinline__ void lm_phase_store(const float (&acc_l)[kLmTilesPerWarp][4],
+                                               const float (&acc_m)[kMTilesPerMWarp][4], float* Lf, float* Mf, int g,
+                                               int t) {
+  if constexpr (kW < 4) {
+    lm_store<kLmTilesPerWarp * kW, kLmTilesPerWarp, true>(acc_l, Lf, g, t);
+    lm_store<kMTilesPerMWarp * 4 + kW, 1, false>(acc_m, Mf, g, t);
+  } else {
+    lm_store<kMTilesPerMWarp * (kW - 4), kMTilesPerMWarp, false>(acc_m, Mf, g, t);
   }
 }
 
@@ -478,27 +530,22 @@ __global__ void __launch_bounds__(kThreads, 2) kda_prefill_prep_sm90_kernel(cons
   }
   __syncthreads();
 
-  // ---- Phase 2: L (warps 0-3) and M (warps 4-7) on tensor cores ---------------------------
-  // Each matrix is 20 n8 tiles (lm_tile); warp w takes tiles 5 (w % 4) .. + 4 of its matrix.
+  // ---- Phase 2: L and M on tensor cores (lm_phase: warps 0-3 L and one M tile, 4-7 M) -----
   const int g = lane >> 2, t = lane & 3;
-  float acc[kLmTilesPerWarp][4];
+  float acc_l[kLmTilesPerWarp][4], acc_m[kMTilesPerMWarp][4];
 #pragma unroll
-  for (int i = 0; i < kLmTilesPerWarp; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
-  {
-    const unsigned char* ka = smem + Plan::kKaOffset;
-    const unsigned char* qa = smem + Plan::kQaOffset;
-    const unsigned char* qa_lo = smem + Plan::kAmLoOffset;
-    const unsigned char* b_base = smem + Plan::kKbOffset;
-    switch (warp) {
-      case 0: lm_products<0, false>(acc, ka, nullptr, b_base, lane); break;
-      case 1: lm_products<1, false>(acc, ka, nullptr, b_base, lane); break;
-      case 2: lm_products<2, false>(acc, ka, nullptr, b_base, lane); break;
-      case 3: lm_products<3, false>(acc, ka, nullptr, b_base, lane); break;
-      case 4: lm_products<0, true>(acc, qa, qa_lo, b_base, lane); break;
-      case 5: lm_products<1, true>(acc, qa, qa_lo, b_base, lane); break;
-      case 6: lm_products<2, true>(acc, qa, qa_lo, b_base, lane); break;
-      default: lm_products<3, true>(acc, qa, qa_lo, b_base, lane); break;
-    }
+  for (int i = 0; i < kLmTilesPerWarp; ++i) acc_l[i][0] = acc_l[i][1] = acc_l[i][2] = acc_l[i][3] = 0.f;
+#pragma unroll
+  for (int i = 0; i < kMTilesPerMWarp; ++i) acc_m[i][0] = acc_m[i][1] = acc_m[i][2] = acc_m[i][3] = 0.f;
+  switch (warp) {
+    case 0: lm_phase<0>(acc_l, acc_m, smem, lane); break;
+    case 1: lm_phase<1>(acc_l, acc_m, smem, lane); break;
+    case 2: lm_phase<2>(acc_l, acc_m, smem, lane); break;
+    case 3: lm_phase<3>(acc_l, acc_m, smem, lane); break;
+    case 4: lm_phase<4>(acc_l, acc_m, smem, lane); break;
+    case 5: lm_phase<5>(acc_l, acc_m, smem, lane); break;
+    case 6: lm_phase<6>(acc_l, acc_m, smem, lane); break;
+    default: lm_phase<7>(acc_l, acc_m, smem, lane); break;
   }
   __syncthreads();  // qA, A^M lo, kA and kB are no longer read
 
@@ -522,27 +569,16 @@ __global__ void __launch_bounds__(kThreads, 2) kda_prefill_prep_sm90_kernel(cons
 
   // ---- Phase 3: L, M to shared fp32; wide-span terms; M to the block ---------------------
   float* Lf = reinterpret_cast<float*>(smem + Plan::kLOffset);
-  float* Tf = reinterpret_cast<float*>(smem + Plan::kTOffset);
-  {
-    float* dst = warp < 4 ? Lf : Tf;  // M lives in the T space until it is stored
-    const bool strict = warp < 4;     // L is strictly lower, M includes the diagonal
-    // NOTE: only the tiles left of the diagonal and the diagonal tiles exist: L's blocks above
-    // the diagonal are never read, M's are written as zeros by the conversion below.
-#pragma unroll
-    for (int i = 0; i < kLmTilesPerWarp; ++i) {
-      const LmTile tile = lm_tile(kLmTilesPerWarp * (warp & 3) + i);
-#pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        const int r = kSubBlock * tile.R + g + 8 * half;
-        const int s = 8 * tile.nt + 2 * t;
-        float x0 = acc[i][2 * half], x1 = acc[i][2 * half + 1];
-        if ((tile.nt >> 1) == tile.R) {  // diagonal tile: entries above it may be inf, so select
-          x0 = (strict ? s < r : s <= r) ? x0 : 0.f;
-          x1 = (strict ? s + 1 < r : s + 1 <= r) ? x1 : 0.f;
-        }
-        *reinterpret_cast<float2*>(dst + r * Plan::kLdF + s) = make_float2(x0, x1);
-      }
-    }
+  float* Tf = reinterpret_cast<float*>(smem + Plan::kTOffset);  // M lives in the T space until it is stored
+  switch (warp) {
+    case 0: lm_phase_store<0>(acc_l, acc_m, Lf, Tf, g, t); break;
+    case 1: lm_phase_store<1>(acc_l, acc_m, Lf, Tf, g, t); break;
+    case 2: lm_phase_store<2>(acc_l, acc_m, Lf, Tf, g, t); break;
+    case 3: lm_phase_store<3>(acc_l, acc_m, Lf, Tf, g, t); break;
+    case 4: lm_phase_store<4>(acc_l, acc_m, Lf, Tf, g, t); break;
+    case 5: lm_phase_store<5>(acc_l, acc_m, Lf, Tf, g, t); break;
+    case 6: lm_phase_store<6>(acc_l, acc_m, Lf, Tf, g, t); break;
+    default: lm_phase_store<7>(acc_l, acc_m, Lf, Tf, g, t); break;
   }
   __syncthreads();
   // Per-element diagonal-tile terms of wide-span channels: thread (rl, sl) owns entry (rl, sl)
