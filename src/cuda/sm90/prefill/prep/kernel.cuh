@@ -41,7 +41,8 @@
 //      its accumulators straight to the block.
 // Nothing is pipelined inside a CTA: two CTAs share an SM (config.h), so one computes while the
 // other's loads and stores are in flight. NOTE: measured on the H200 (H=96, T=8192), version 1
-// took 1.19 ms and this kernel 0.95 ms (session 6), against a 0.45 ms floor for the bytes. The
+// took 1.19 ms and this kernel 0.95 ms (session 6; 1.00 ms in session 7 with Kh lo and A^M lo),
+// against a 0.45 ms floor for the bytes. The
 // grid time is waves of 2 CTAs per SM times the ~21 us latency of one CTA's dependent
 // instruction chain (0.44 issued instructions per scheduler and cycle; the elementwise phase 1
 // is about half of the samples), not the loads: an L2 prefetch of the next CTA's inputs
