@@ -565,6 +565,8 @@ TEST_F(PrefillPrep, UnsupportedShapesAndLayoutsAreRejected) {
       {"fp16 g", [](PrefillParams& p) { p.dtype_g = DType::kFloat16; }},
       {"odd token stride", [](PrefillParams& p) { p.stride_q_t += 1; }},
       {"misaligned v", [](PrefillParams& p) { p.v = static_cast<const char*>(p.v) + 2; }},
+      // the kernel derives a fixed batch's rows from T as int32 (nothing is read: rejected first)
+      {"2^31 tokens per row", [](PrefillParams& p) { p.seqlen = int64_t(INT32_MAX) + 1; }},
   };
   for (const Mutation& m : mutations) {
     PrefillParams p = good;

@@ -27,8 +27,9 @@ struct Config {
   static constexpr int kMaxRegisters = 255;
 
   // Two stages: chunk j+1's block lands while chunk j is computed. A third stage would not fit
-  // at 128 rows (3 x 105 KB) and the load of one block (~105 KB) takes less time than the
-  // ~424 MMAs per warp of one chunk.
+  // at 128 rows (3 x 105 KB) and the load of one block (~105 KB) takes less time than one
+  // chunk's products (488 mma.sync per warp at 16 / 32 rows; 40 m64n64 and 12 m64n128 wgmma
+  // per warpgroup at 64 / 128).
   static constexpr int kStages = 2;
 
   // ---- shared memory plan (bytes; every TMA destination 1024-byte aligned for the 128B swizzle)
