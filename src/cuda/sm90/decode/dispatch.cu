@@ -8,7 +8,6 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
-#include <atomic>
 #include <climits>
 #include <cstdint>
 #include <cstdio>
@@ -16,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "cuda/common/device_setup.cuh"
 #include "cuda/sm90/decode/config.h"
 #include "cuda/sm90/decode/dispatch.h"
 #include "cuda/sm90/decode/launch.h"
@@ -185,20 +185,8 @@ bool make_fast_params(const DecodeParams& p, recurrent::FastDecodeParams& f) {
   return true;
 }
 
-// Multiprocessors of the current device, read once per device.
-int num_sms() {
-  static std::atomic<int> cached[64] = {};
-  int device = 0;
-  if (cudaGetDevice(&device) != cudaSuccess) return 0;
-  const bool cacheable = device >= 0 && device < 64;
-  if (cacheable) {
-    if (const int n = cached[device].load(std::memory_order_relaxed); n > 0) return n;
-  }
-  int n = 0;
-  if (cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) return 0;
-  if (cacheable) cached[device].store(n, std::memory_order_relaxed);
-  return n;
-}
+// Multiprocessors of the current device, read once per device (0 when it cannot be read).
+int num_sms() { return kdakit::cuda::current_device_sm_count(0); }
 
 // ------------------------------------------------------------------------------------------
 // Variants

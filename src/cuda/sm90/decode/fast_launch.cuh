@@ -12,6 +12,7 @@
 
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <cstdio>
 #include <string>
 
@@ -37,9 +38,8 @@ Status launch_pdl_kernel(Kernel kernel, const char* name, dim3 grid, int threads
   if (err != cudaSuccess && pdl) {
     // NOTE: a PDL launch the runtime refuses is retried as a plain launch (same results); said
     // once on stderr, so that a timing run knows it did not measure PDL.
-    static bool reported = false;
-    if (!reported) {
-      reported = true;
+    static std::atomic<bool> reported{false};
+    if (!reported.exchange(true, std::memory_order_relaxed)) {
       std::fprintf(stderr,
                    "kdakit: %s: launch with programmatic dependent launch failed (%s), launching "
                    "without it\n",

@@ -48,6 +48,7 @@
 #include <string>
 #include <type_traits>
 
+#include "cuda/common/device_setup.cuh"
 #include "cuda/common/dtype.cuh"
 #include "cuda/common/math.cuh"
 #include "cuda/common/ptx_sm90.cuh"
@@ -892,13 +893,16 @@ Status launch_staged(const RecurrentKernelParams& p, cudaStream_t stream, bool p
   }
   auto kernel = kda_decode_sm90_staged_kernel<StateT, kHeadDim, kSingleToken, kGroups>;
   const int smem_bytes = StagedSharedMemoryPlan<StateT, kHeadDim, kSingleToken, kGroups>::bytes();
-  // NOTE: ask once for the largest shared-memory carveout, so that the CTAs per SM the
+  // NOTE: ask once per device for the largest shared-memory carveout, so that the CTAs per SM the
   // registers allow (8 x 9-37 KB, fewer for the 37 KB fp32 64-row slices) are not cut by a
   // smaller default L1/shared split; slices over 48 KB would need the opt-in attribute too.
   static_assert(StagedSharedMemoryPlan<StateT, kHeadDim, kSingleToken, kGroups>::bytes() <= 48 * 1024,
                 "the staged kernel launches without the dynamic shared-memory opt-in");
-  static const cudaError_t carveout =
-      cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, int(cudaSharedmemCarveoutMaxShared));
+  static kdakit::cuda::PerDeviceOnce carveout_once;  // per function and device (common/device_setup.cuh)
+  const cudaError_t carveout = kdakit::cuda::set_up_once_per_device(carveout_once, [&] {
+    return cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                int(cudaSharedmemCarveoutMaxShared));
+  });
   if (carveout != cudaSuccess) {
     return Status(StatusCode::kCudaError, std::string(__FILE__) + ":" + std::to_string(__LINE__) +
                                               ": setting the shared-memory carveout failed: " +

@@ -17,6 +17,7 @@
 #include <string>
 #include <type_traits>
 
+#include "cuda/common/device_setup.cuh"
 #include "cuda/sm90/decode/dispatch.h"
 #include "cuda/sm90/prefill/fused/launch.h"
 #include "cuda/sm90/prefill/prep/launch.h"
@@ -32,18 +33,7 @@ prefill::WorkspacePlan plan_for(const PrefillParams& p, int32_t segment_chunks =
 }
 
 // SM count of the current device, read once per device (a host attribute query, no sync).
-int current_num_sms() {
-  constexpr int kMaxDevices = 64;
-  static int cache[kMaxDevices] = {};
-  int dev = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= kMaxDevices) return 132;
-  if (cache[dev] == 0) {
-    int sms = 0;
-    if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || sms <= 0) sms = 132;
-    cache[dev] = sms;
-  }
-  return cache[dev];
-}
+int current_num_sms() { return kdakit::cuda::current_device_sm_count(132); }
 
 Status unsupported(const std::string& what) { return Status(StatusCode::kUnsupported, "prefill (sm_90a): " + what); }
 

@@ -44,6 +44,7 @@
 #include <string>
 #include <utility>
 
+#include "cuda/common/device_setup.cuh"
 #include "cuda/common/dtype.cuh"
 #include "cuda/common/math.cuh"
 #include "cuda/common/mma_sm80.cuh"
@@ -1015,9 +1016,11 @@ Status launch_prefill_fused(const PrefillParams& p, const WorkspacePlan& plan,
 
   auto kernel = kda_prefill_fused_sm90_kernel<kGate, kConsumers>;
   constexpr int kSmem = int(SharedMemoryPlan::kAllocBytes);
-  // NOTE: per function and process; setting it once keeps driver calls off the run path.
-  static const cudaError_t attr_err =
-      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
+  // NOTE: per function and device; setting it once per device keeps driver calls off the run
+  // path (common/device_setup.cuh).
+  static kdakit::cuda::PerDeviceOnce attr_once;
+  const cudaError_t attr_err = kdakit::cuda::set_up_once_per_device(
+      attr_once, [&] { return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem); });
   if (attr_err != cudaSuccess)
     return Status(StatusCode::kCudaError, std::string("fused/kernel.cuh: cudaFuncSetAttribute: ") +
                                               cudaGetErrorString(attr_err));

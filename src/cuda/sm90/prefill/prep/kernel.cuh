@@ -56,6 +56,7 @@
 #include <string>
 #include <type_traits>
 
+#include "cuda/common/device_setup.cuh"
 #include "cuda/common/dtype.cuh"
 #include "cuda/common/math.cuh"
 #include "cuda/common/mma_sm80.cuh"
@@ -732,15 +733,16 @@ Status launch_prep_kernel(const PrepParams& params, int64_t max_chunks, cudaStre
   using GT = std::conditional_t<kGFp32, float, __nv_bfloat16>;
   auto* kernel = &kda_prefill_prep_sm90_kernel<kGate, GT>;
   constexpr int kSmem = int(SharedMemoryPlan::kBytes);
-  // NOTE: the attribute is per function and process; setting it once keeps the run path free
-  // of repeated driver calls (it is not a device synchronisation either way).
+  // NOTE: the attributes are per function and device; setting them once per device keeps the
+  // run path free of repeated driver calls (common/device_setup.cuh).
   // NOTE: the largest carveout lets two CTAs (2 x 107 KB) share an SM.
-  static const cudaError_t attr_err = [&] {
+  static kdakit::cuda::PerDeviceOnce attr_once;
+  const cudaError_t attr_err = kdakit::cuda::set_up_once_per_device(attr_once, [&] {
     const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
     return e != cudaSuccess ? e
                             : cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
                                                    int(cudaSharedmemCarveoutMaxShared));
-  }();
+  });
   if (Status s = cuda_status(attr_err, __LINE__, "cudaFuncSetAttribute(prep)"); !s.ok()) return s;
   const int64_t ctas = max_chunks * params.num_v_heads;
   if (ctas <= 0) return Status::Ok();

@@ -18,6 +18,7 @@
 
 #include <string>
 
+#include "cuda/common/device_setup.cuh"
 #include "cuda/sm90/prefill/common/ptx.cuh"
 #include "cuda/sm90/prefill/common/state_io.cuh"
 #include "cuda/sm90/prefill/recurrence/launch.h"
@@ -174,8 +175,11 @@ Status launch_prefill_combine(const PrefillParams& p, const WorkspacePlan& plan,
   cp.num_segment_slots = plan.num_segment_slots;
   cp.segment_chunks = plan.segment_chunks;
 
-  cudaError_t err = cudaFuncSetAttribute(kda_prefill_combine_sm90_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         int(kAllocBytes));
+  static kdakit::cuda::PerDeviceOnce attr_once;  // per function and device (common/device_setup.cuh)
+  cudaError_t err = kdakit::cuda::set_up_once_per_device(attr_once, [] {
+    return cudaFuncSetAttribute(kda_prefill_combine_sm90_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                int(kAllocBytes));
+  });
   const int64_t ctas = p.num_seqs * p.num_v_heads;
   if (err == cudaSuccess) {
     if (ctas > int64_t(INT32_MAX)) return Status(StatusCode::kUnsupported, "combine: N * HV must stay below 2^31");

@@ -52,6 +52,7 @@
 #include <cstdint>
 #include <string>
 
+#include "cuda/common/device_setup.cuh"
 #include "cuda/sm90/prefill/recurrence/config.h"
 #include "cuda/sm90/prefill/recurrence/launch.h"
 #include "cuda/sm90/prefill/common/ptx.cuh"
@@ -598,8 +599,10 @@ Status launch(const PrefillParams& p, const WorkspacePlan& plan, const void* wor
     return launch_wgmma<kValueRows>(kp, tma, num_ctas, stream);
   } else {
     auto kernel = kda_prefill_recurrence_sm90_kernel<kValueRows, kSummary>;
-    cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                           int(Smem::kAllocBytes));
+    static kdakit::cuda::PerDeviceOnce attr_once;  // per function and device (common/device_setup.cuh)
+    cudaError_t err = kdakit::cuda::set_up_once_per_device(attr_once, [&] {
+      return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(Smem::kAllocBytes));
+    });
     if (err != cudaSuccess) return cuda_status(err, "cudaFuncSetAttribute", __LINE__);
     const dim3 grid{unsigned(num_ctas)};
     kernel<<<grid, Cfg::kThreads, Smem::kAllocBytes, stream>>>(kp, tma);

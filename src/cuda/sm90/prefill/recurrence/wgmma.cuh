@@ -214,7 +214,10 @@ template <int kValueRows>
 Status launch_wgmma(const KernelParams& kp, const TmaParams& tma, int64_t num_ctas, cudaStream_t stream) {
   using Smem = typename Config<kValueRows>::SharedMemoryPlan;
   auto kernel = kda_prefill_recurrence_wgmma_sm90_kernel<kValueRows>;
-  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(Smem::kAllocBytes));
+  static kdakit::cuda::PerDeviceOnce attr_once;  // per function and device (common/device_setup.cuh)
+  cudaError_t err = kdakit::cuda::set_up_once_per_device(attr_once, [&] {
+    return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(Smem::kAllocBytes));
+  });
   if (err != cudaSuccess) return cuda_status(err, "cudaFuncSetAttribute(wgmma)", __LINE__);
   kernel<<<dim3(unsigned(num_ctas)), kValueRows * 2, Smem::kAllocBytes, stream>>>(kp, tma);
   err = cudaGetLastError();
