@@ -3,6 +3,10 @@
 
 #include <Python.h>
 
+#if KDAKIT_WITH_CUDA
+#include <cuda_runtime.h>
+#endif
+
 #include <sstream>
 
 namespace kdakit::bindings {
@@ -115,6 +119,30 @@ DType expect_dtype(const ArrayView& a, std::initializer_list<DType> allowed) {
   }
   raise_type_error(std::string(a.name) + ": expected dtype " + expected + ", got " +
                    to_string(got));
+}
+
+ScopedCudaDevice::ScopedCudaDevice(const Placement& where) {
+#if KDAKIT_WITH_CUDA
+  if (!where.is_cuda()) return;
+  int current = -1;
+  cudaError_t err = cudaGetDevice(&current);
+  if (err == cudaSuccess && current == where.device_id) return;
+  if (err == cudaSuccess) err = cudaSetDevice(where.device_id);
+  if (err != cudaSuccess) {
+    (void)cudaGetLastError();
+    raise(PyExc_RuntimeError, "kdakit: cannot make CUDA device " + std::to_string(where.device_id) +
+                                  " (the arrays' device) current: " + cudaGetErrorString(err));
+  }
+  previous_ = current;
+#else
+  (void)where;
+#endif
+}
+
+ScopedCudaDevice::~ScopedCudaDevice() {
+#if KDAKIT_WITH_CUDA
+  if (previous_ >= 0) (void)cudaSetDevice(previous_);
+#endif
 }
 
 void expect_same_device(Placement& where, const ArrayView& a) {

@@ -64,6 +64,22 @@ struct Placement {
   bool is_cuda() const { return device_type == kDeviceCuda; }
 };
 
+// Makes the arrays' CUDA device the current one for its scope and restores the previous one
+// after (what torch's device guard does around its own ops), so that arrays on another GPU than
+// the caller's current device run on theirs, and the SM-count-dependent choices (segments,
+// workspace size) are that device's. No-op for CPU arrays and in a build without CUDA.
+// RuntimeError when the device cannot be made current (the GIL must be held).
+class ScopedCudaDevice {
+ public:
+  explicit ScopedCudaDevice(const Placement& where);
+  ~ScopedCudaDevice();
+  ScopedCudaDevice(const ScopedCudaDevice&) = delete;
+  ScopedCudaDevice& operator=(const ScopedCudaDevice&) = delete;
+
+ private:
+  int previous_ = -1;  // the device to restore; -1: nothing was switched
+};
+
 // Raise a Python exception (the GIL must be held).
 [[noreturn]] void raise_value_error(const std::string& message);
 [[noreturn]] void raise_type_error(const std::string& message);

@@ -79,6 +79,7 @@ void decode_entry(InArray q_in, InArray k_in, InArray v_in, InArray g_in, InArra
       resolve_backend("decode", asked, where, Backend::kReference, /*chunked_available=*/false);
   Status status;
   {
+    const ScopedCudaDevice device(where);  // CPU arrays: a no-op
     nb::gil_scoped_release release;
     if (chosen == Backend::kCuda) {
       status = kdakit::decode(p, reinterpret_cast<cudaStream_t>(stream));

@@ -69,6 +69,7 @@ void prefill_plan_entry(OptIn cu_seqlens_in, OutArray workspace_in, int64_t batc
   }
   Status status;
   {
+    const ScopedCudaDevice device(where);
     nb::gil_scoped_release release;
     status = kdakit::prefill_plan(p, reinterpret_cast<cudaStream_t>(stream));
   }
@@ -228,6 +229,9 @@ auto prefill_entry(InArray q_in, InArray k_in, InArray v_in, InArray g_in, InArr
   const Backend chosen =
       resolve_backend("prefill", asked, where, Backend::kChunked, /*chunked_available=*/true);
 
+  // NOTE: the size depends on the device's SM count (the segment choice), so it is asked on the
+  // arrays' device too.
+  const ScopedCudaDevice device(where);  // CPU arrays: a no-op
   if constexpr (kSizeOnly) {
     (void)stream;
     (void)chosen;
