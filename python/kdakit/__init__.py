@@ -17,7 +17,7 @@ kdakit.torch_ops) and the functions above call them for torch tensors, so that
 kdakit`` when torch is already imported, else on ``import kdakit.torch_ops`` or at the first
 call with torch tensors.
 
-torch CUDA tensors run the GPU kernels on the current stream; numpy arrays and torch CPU
+torch CUDA tensors run the GPU kernels on their device's current stream; numpy arrays and torch CPU
 tensors run the CPU backend. ``kdakit.testing`` holds the helpers the tests and benchmarks
 share; ``python -m kdakit bench`` runs the benchmarks.
 """
