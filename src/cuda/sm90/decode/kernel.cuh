@@ -51,6 +51,7 @@
 #include "cuda/common/device_setup.cuh"
 #include "cuda/common/dtype.cuh"
 #include "cuda/common/math.cuh"
+#include "cuda/common/mma_sm80.cuh"
 #include "cuda/common/ptx_sm90.cuh"
 #include "cuda/sm90/decode/config.h"
 #include "cuda/sm90/decode/fast_launch.cuh"
@@ -659,18 +660,12 @@ Status launch_recurrent(const RecurrentKernelParams& p, cudaStream_t stream) {
 //      rows 8w .. 8w + 7 of both 32-row groups, one group after the other: twice the bytes in
 //      flight per CTA (a bf16 64-row slice moves 16 KB like an fp32 32-row one), half the CTAs.
 
-__device__ __forceinline__ void cp_async_16(void* smem_dst, const void* gmem_src) {
-  const uint32_t dst = static_cast<uint32_t>(__cvta_generic_to_shared(smem_dst));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(gmem_src) : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
 // Waits until at most `pending` (0 or 1) of this thread's newest commit groups are outstanding.
 __device__ __forceinline__ void cp_async_wait_pending(int pending) {
   if (pending == 0) {
-    asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+    kdakit::cuda::cp_async_wait_group<0>();
   } else {
-    asm volatile("cp.async.wait_group 1;\n" ::: "memory");
+    kdakit::cuda::cp_async_wait_group<1>();
   }
 }
 
@@ -776,17 +771,17 @@ __global__ void __launch_bounds__(kThreads, staged_min_ctas_per_sm(kSingleToken)
         for (int i = 0; i < kLaneChunksPerGroup; ++i) {
           const int c = i * 32 + lane;
           const int offset = (row0 + c / kChunksPerRow) * kRowBytes + (c % kChunksPerRow) * 16;
-          cp_async_16(smem_bytes + offset, src + offset);
+          kdakit::cuda::cp_async_16(kdakit::cuda::smem_u32(smem_bytes + offset), src + offset);
         }
-        cp_async_commit();
+        kdakit::cuda::cp_async_commit();
       }
     } else {
 #pragma unroll
       for (int c = 0; c < kChunksPerThread; ++c) {
         const int chunk = c * kThreads + int(threadIdx.x);
-        cp_async_16(smem_bytes + chunk * 16, src + chunk * 16);
+        kdakit::cuda::cp_async_16(kdakit::cuda::smem_u32(smem_bytes + chunk * 16), src + chunk * 16);
       }
-      cp_async_commit();
+      kdakit::cuda::cp_async_commit();
     }
   }
 
@@ -802,7 +797,7 @@ __global__ void __launch_bounds__(kThreads, staged_min_ctas_per_sm(kSingleToken)
       finish_token<kHeadDim, true>(p, raw, h, tok, kGroups, 0, lane);
       if constexpr (kGroups == 2) tok[Plan::v(kGroups) + kValuesPerCta + lane] = v_hi;
     }
-    if (!kWarpLoads && t == 0) cp_async_wait_all();
+    if (!kWarpLoads && t == 0) kdakit::cuda::cp_async_wait_all();
     __syncthreads();
 
     float q[kE], k[kE], d[kE];
