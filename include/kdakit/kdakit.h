@@ -137,6 +137,13 @@ struct PrefillParams {
   int64_t batch = 0;            // B (1 with cu_seqlens)
   int64_t seqlen = 0;           // T, tokens per batch row
   int64_t num_seqs = 0;         // N: B without cu_seqlens, len(cu_seqlens) - 1 with
+  // With cu_seqlens: the longest sequence's length when the caller knows it on the host (0:
+  // unknown; at most T). A routing hint only: the CUDA path is otherwise chosen by the average
+  // length (the lengths are on the device), and with it a batch of short sequences whose
+  // longest member is past what the token-serial and fused kernels are for takes the two-kernel
+  // path (docs/contract.md, "Kernel paths"). A wrong hint never makes a call wrong, only slower;
+  // ask prefill_workspace_size with the same hint.
+  int64_t max_seqlen = 0;
   int64_t num_state_slots = 0;  // slots in initial_state / final_state when indexed; else N
   int64_t num_chunk_states = 0;       // chunk-state entries the call may write (capacity; with
                                       // chunk_state_indices, the length of that array)

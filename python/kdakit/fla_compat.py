@@ -152,7 +152,8 @@ def chunk_kda(
             writes them in 64-token steps, so it needs ``chunk_size=64``.
         state_v_first: V-first state layout ``[.., V, K]`` (kdakit's serving layout).
         cu_seqlens: ``[N + 1]`` int32/int64 offsets of a packed batch (B = 1).
-        cu_seqlens_cpu: the same offsets on the host; used to size ``h`` without a device read.
+        cu_seqlens_cpu: the same offsets on the host; used to size ``h`` without a device read and
+            to choose the CUDA kernel by the longest sequence too (kdakit.prefill).
         cp_context: context parallelism is not supported (NotImplementedError).
         use_graph: FLA's switch to a fixed-shape chunk list for CUDA graph capture (cu_seqlens
             padded with zero-length tail sequences to ``max_num_seqs + 1`` entries). kdakit is

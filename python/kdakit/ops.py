@@ -202,12 +202,19 @@ def _prefill_call(
         shape = _state_shape(count, HV, K, V, state_layout)
         chunk_states = _arrays.empty(kind, shape, chunk_state_dtype or state_dtype)
 
+    # The longest sequence, from host offsets only (a routing hint for the CUDA path, never a
+    # device read): 0 when unknown.
+    max_seqlen = 0
+    if cu_seqlens is not None and cu_seqlens_cpu is not None:
+        offsets = _arrays.to_host_list(cu_seqlens_cpu)
+        max_seqlen = max((int(b) - int(a) for a, b in zip(offsets, offsets[1:])), default=0)
+        max_seqlen = min(max(max_seqlen, 0), T)
     args = dict(
         A_log=A_log, dt_bias=dt_bias, cu_seqlens=cu_seqlens, initial_state=initial_state,
         initial_state_indices=initial_state_indices, final_state=final_state,
         final_state_indices=final_state_indices, chunk_states=chunk_states,
         chunk_state_indices=chunk_state_indices, chunk_state_interval=int(chunk_state_interval),
-        gate=gate, state_layout=state_layout,
+        max_seqlen=max_seqlen, gate=gate, state_layout=state_layout,
         scale=float(scale), lower_bound=lb, use_qk_l2norm=bool(use_qk_l2norm),
         use_beta_sigmoid=bool(use_beta_sigmoid), allow_neg_eigval=bool(allow_neg_eigval),
         scalar_gate=bool(scalar_gate), backend=backend,
@@ -253,7 +260,8 @@ def prefill(
     * ``scale``: multiplies q after the L2 norm; default ``K ** -0.5``.
     * ``cu_seqlens``: ``[N + 1]`` offsets; sequence n is tokens ``[cu[n], cu[n+1])``; a
       repeated offset is an empty sequence (its state passes through). ``cu_seqlens_cpu``: the
-      same offsets on the host, used only to size ``chunk_states`` without a device read.
+      same offsets on the host, used to size ``chunk_states`` without a device read and to
+      choose the CUDA kernel by the longest sequence as well as the average length.
     * ``initial_state``: dense ``[N, HV, ...]``, or a pool ``[num_slots, HV, ...]`` with
       ``initial_state_indices`` (int32 ``[N]``; a negative slot starts from zeros; SGLang's
       spelling). None: zeros. Slots may be any stride apart; each state ``[HV, ...]`` is dense.
@@ -369,7 +377,7 @@ def _torch_prefill(arrays, args, buffers: dict, workspace, plan_ready: bool) -> 
         args["chunk_state_interval"], plan_ready, buffers["state_in_place"],
         buffers["chunk_states_in_pool"], args["gate"], args["state_layout"], args["scale"],
         args["lower_bound"], args["use_qk_l2norm"], args["use_beta_sigmoid"],
-        args["allow_neg_eigval"], args["scalar_gate"], args["backend"],
+        args["allow_neg_eigval"], args["scalar_gate"], args["backend"], args["max_seqlen"],
     )
 
 

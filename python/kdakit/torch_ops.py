@@ -74,8 +74,9 @@ def prefill(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, o: Tensor,
             workspace: Optional[Tensor], chunk_state_interval: int, plan_ready: bool,
             state_in_place: bool, chunk_states_in_pool: bool, gate: str, state_layout: str,
             scale: float, lower_bound: float, use_qk_l2norm: bool, use_beta_sigmoid: bool,
-            allow_neg_eigval: bool, scalar_gate: bool, backend: str) -> None:
-    """kdakit.prefill over preallocated outputs (see the module docstring)."""
+            allow_neg_eigval: bool, scalar_gate: bool, backend: str, max_seqlen: int = 0) -> None:
+    """kdakit.prefill over preallocated outputs (see the module docstring). ``max_seqlen``: the
+    longest sequence's length when known on the host (0: unknown), a routing hint."""
     if state_in_place:
         if initial_state is not None or final_state is None:
             raise ValueError("state_in_place: pass the state pool once, as final_state "
@@ -97,6 +98,7 @@ def prefill(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, o: Tensor,
         gate=gate, state_layout=state_layout, scale=scale, lower_bound=lower_bound,
         use_qk_l2norm=use_qk_l2norm, use_beta_sigmoid=use_beta_sigmoid,
         allow_neg_eigval=allow_neg_eigval, scalar_gate=scalar_gate, backend=backend,
+        max_seqlen=max_seqlen,
     )
     arrays = (q, k, v, g, beta, o)
     with _device_guard(q.device):
@@ -113,7 +115,7 @@ def _prefill_fake(q, k, v, g, beta, o, A_log, dt_bias, cu_seqlens, initial_state
                   chunk_state_indices, workspace, chunk_state_interval, plan_ready,
                   state_in_place, chunk_states_in_pool, gate, state_layout, scale, lower_bound,
                   use_qk_l2norm, use_beta_sigmoid, allow_neg_eigval, scalar_gate,
-                  backend) -> None:
+                  backend, max_seqlen=0) -> None:
     return None
 
 

@@ -105,6 +105,15 @@ ByteRange byte_range(const View& t) {
 
 // --- 1. sizes -----------------------------------------------------------------------------
 
+// The longest-sequence hint (prefill only).
+Status check_max_seqlen(const PrefillParams& p) {
+  KDAKIT_CHECK(p.max_seqlen >= 0 && p.max_seqlen <= p.seqlen, kInvalidArgument,
+               "max_seqlen: expected the longest sequence's length in [0, T = ", p.seqlen,
+               "] (0: unknown), got ", p.max_seqlen);
+  return Status::Ok();
+}
+Status check_max_seqlen(const DecodeParams&) { return Status::Ok(); }
+
 // Batch, tokens and sequences: the part of the sizes that the prefill workspace and plan use.
 template <typename P>
 Status check_batch_sizes(const P& c) {
@@ -122,7 +131,7 @@ Status check_batch_sizes(const P& c) {
     KDAKIT_CHECK(c.num_seqs == c.batch, kInvalidArgument, "num_seqs: expected N = batch size (",
                  c.batch, ") without cu_seqlens, got ", c.num_seqs);
   }
-  return Status::Ok();
+  return check_max_seqlen(c);
 }
 
 template <typename P>

@@ -94,7 +94,8 @@ auto prefill_entry(InArray q_in, InArray k_in, InArray v_in, InArray g_in, InArr
                    OutArray o_in, OptIn A_log_in, OptIn dt_bias_in, OptIn cu_seqlens_in,
                    OptIn initial_state_in, OptIn initial_state_indices_in, OptOut final_state_in,
                    OptIn final_state_indices_in, OptOut chunk_states_in,
-                   OptIn chunk_state_indices_in, int64_t chunk_state_interval, OptOut workspace_in,
+                   OptIn chunk_state_indices_in, int64_t chunk_state_interval, int64_t max_seqlen,
+                   OptOut workspace_in,
                    bool plan_ready, const std::string& gate, const std::string& state_layout,
                    double scale, double lower_bound, bool use_qk_l2norm, bool use_beta_sigmoid,
                    bool allow_neg_eigval, bool scalar_gate, const std::string& backend,
@@ -104,6 +105,7 @@ auto prefill_entry(InArray q_in, InArray k_in, InArray v_in, InArray g_in, InArr
               allow_neg_eigval, scalar_gate);
   const Backend asked = parse_backend(backend);
   p.chunk_state_interval = static_cast<int32_t>(chunk_state_interval);
+  p.max_seqlen = max_seqlen;  // validated with the rest (kdakit::prefill)
   if (chunk_state_interval < 0 || chunk_state_interval > INT32_MAX) {
     raise_value_error("chunk_state_interval: expected a positive multiple of 64 or 0, got " +
                       std::to_string(chunk_state_interval));
@@ -260,6 +262,7 @@ void def_prefill(nb::module_& m, const char* name, Fn fn, const char* doc) {
         nb::arg("initial_state_indices") = nb::none(), nb::arg("final_state") = nb::none(),
         nb::arg("final_state_indices") = nb::none(), nb::arg("chunk_states") = nb::none(),
         nb::arg("chunk_state_indices") = nb::none(), nb::arg("chunk_state_interval") = 0,
+        nb::arg("max_seqlen") = 0,
         nb::arg("workspace") = nb::none(), nb::arg("plan_ready") = false,
         nb::arg("gate") = "precomputed", nb::arg("state_layout") = "v_first", nb::arg("scale"),
         nb::arg("lower_bound") = 0.0,

@@ -153,3 +153,30 @@ def test_workspace_size_form_errors(x):
         kdakit.prefill_workspace_size(num_tokens=10, num_v_heads=4)
     with raises(ValueError, "num_seqs"):
         kdakit.prefill_workspace_size(num_tokens=10, num_v_heads=4, num_seqs=-1)
+
+
+def test_host_offsets_give_the_longest_sequence_hint(x):
+    """cu_seqlens_cpu (host offsets) becomes the C++ max_seqlen routing hint; without host
+    offsets the hint is 0 (unknown: no device read), and a CPU call with it matches one
+    without (the hint only chooses among CUDA kernels)."""
+    from kdakit import ops
+
+    options = testing.prefill_kwargs(CASE)
+    common = dict(
+        A_log=x["A_log"], dt_bias=x["dt_bias"], scale=None, scalar_gate=False, cu_seqlens=x["cu_seqlens"],
+        initial_state=x["initial_state"], initial_state_indices=None, final_state=None,
+        final_state_indices=None, output_final_state=True, state_layout="v_first",
+        state_dtype=None, chunk_state_interval=0, chunk_states=None, chunk_state_indices=None,
+        chunk_state_dtype=None, out=None, backend="auto",
+        **{k: options[k] for k in ("gate", "lower_bound", "use_qk_l2norm", "use_beta_sigmoid",
+                                   "allow_neg_eigval")},
+    )
+    _, _, args = ops._prefill_call(x["q"], x["k"], x["v"], x["g"], x["beta"], cu_seqlens_cpu=None, **common)
+    assert args["max_seqlen"] == 0
+    _, _, args = ops._prefill_call(x["q"], x["k"], x["v"], x["g"], x["beta"],
+                                   cu_seqlens_cpu=np.asarray(x["cu_seqlens"]), **common)
+    assert args["max_seqlen"] == max(CASE.seqlens) == 71
+    with_hint = _prefill(x, cu_seqlens_cpu=np.asarray(x["cu_seqlens"]))
+    without = _prefill(x)
+    assert np.array_equal(with_hint.o, without.o)
+    assert np.array_equal(with_hint.final_state, without.final_state)

@@ -145,6 +145,36 @@ TEST(PlanWorkspaceSize, SegmentSwitchAndItsWorkspace) {
   sm90::set_prefill_segments(-1);
   sm90::set_prefill_path(sm90::PrefillPath::kAuto);
 }
+
+// The longest-sequence hint (PrefillParams::max_seqlen): a packed batch averaging 32 tokens takes
+// the fused kernel (its workspace is the plan region alone) unless the caller says that one
+// member is longer than 512 tokens; then the two-kernel path and its chunk blocks.
+TEST(PlanWorkspaceSize, LongestSequenceHintRoutesALongMemberPastTheFusedKernel) {
+  namespace pf = sm90::prefill;
+  constexpr int64_t kT = 8192, kN = 256;
+  std::vector<int64_t> cu(kN + 1, 0);
+  PrefillParams p = batch_fields(kT, kN, 8, cu.data());  // a call's fields (head dims set)
+  p.num_qk_heads = 8;
+  p.head_dim_k = p.head_dim_v = 128;
+  sm90::set_prefill_path(sm90::PrefillPath::kAuto);
+  sm90::set_prefill_segments(0);
+  const pf::WorkspacePlan plan = pf::make_workspace_plan(1, kT, kN, true, 8);
+  EXPECT_EQ(prefill_workspace_size(p), plan.chunk_blocks_offset) << "no hint: the fused kernel";
+  p.max_seqlen = 512;
+  EXPECT_EQ(prefill_workspace_size(p), plan.chunk_blocks_offset) << "512 tokens: still fused";
+  p.max_seqlen = 513;
+  EXPECT_EQ(prefill_workspace_size(p), plan.total_bytes) << "a longer member: the two-kernel path";
+  p.max_seqlen = kT;
+  EXPECT_EQ(prefill_workspace_size(p), plan.total_bytes);
+  // a fixed batch's rows all have the average length: the hint changes nothing there
+  PrefillParams fixed = batch_fields(32, 8, 8, nullptr);
+  fixed.num_qk_heads = 8;
+  fixed.head_dim_k = fixed.head_dim_v = 128;
+  const size_t fixed_size = prefill_workspace_size(fixed);
+  fixed.max_seqlen = 32;
+  EXPECT_EQ(prefill_workspace_size(fixed), fixed_size);
+  sm90::set_prefill_segments(-1);
+}
 #endif
 
 TEST(PlanWorkspaceSize, InvalidBatchFieldsSizeNothing) {

@@ -44,9 +44,25 @@ Status unsupported(const std::string& what) { return Status(StatusCode::kUnsuppo
 // the lengths live on the device.
 constexpr int64_t kTokenSerialMaxAverageLength = 16;
 
+// NOTE: with the caller's longest-sequence hint (PrefillParams::max_seqlen, packed batches) the
+// token-serial and fused kernels also need every sequence within these lengths: the token-serial
+// kernel is for short prefill (up to ~64 tokens, issue 4), and the fused kernel's chain costs
+// ~19 us a chunk without the two-kernel path's hi + lo splits (Kh, S0, A^M), so a long member of
+// a batch of short sequences is slow there and, with slow-decay gates over thousands of tokens,
+// past the state bar. 512 tokens: 8 chunks, ~0.15 ms of chain. Without the hint the choice is
+// by the average alone (docs/contract.md, "Kernel paths").
+constexpr int64_t kTokenSerialMaxLength = 64;
+constexpr int64_t kFusedMaxLength = 512;
+
+// True unless the hint says that some sequence is longer than `limit` tokens (a fixed batch's
+// rows all have the average length, which the callers check).
+bool longest_within(const PrefillParams& p, int64_t limit) {
+  return p.cu_seqlens == nullptr || p.max_seqlen == 0 || p.max_seqlen <= limit;
+}
+
 bool prefer_token_serial(const PrefillParams& p) {
   const int64_t tokens = p.cu_seqlens != nullptr ? p.seqlen : p.batch * p.seqlen;
-  return tokens <= kTokenSerialMaxAverageLength * p.num_seqs;
+  return tokens <= kTokenSerialMaxAverageLength * p.num_seqs && longest_within(p, kTokenSerialMaxLength);
 }
 
 // The forced path from KDAKIT_PREFILL_PATH (read once), or set_prefill_path's override.
@@ -159,7 +175,7 @@ constexpr int64_t kFusedMaxAverageLength = 64;
 
 bool short_sequences(const PrefillParams& p) {
   const int64_t tokens = p.cu_seqlens != nullptr ? p.seqlen : p.batch * p.seqlen;
-  return tokens <= kFusedMaxAverageLength * p.num_seqs;
+  return tokens <= kFusedMaxAverageLength * p.num_seqs && longest_within(p, kFusedMaxLength);
 }
 
 // The chunked kernels this call takes: fused where it applies and is the faster (or is
