@@ -180,3 +180,10 @@ def test_host_offsets_give_the_longest_sequence_hint(x):
     without = _prefill(x)
     assert np.array_equal(with_hint.o, without.o)
     assert np.array_equal(with_hint.final_state, without.final_state)
+    # The extension validates a hint it is handed directly: [0, T], 0 unknown.
+    _, arrays, args = ops._prefill_call(x["q"], x["k"], x["v"], x["g"], x["beta"], cu_seqlens_cpu=None, **common)
+    T = x["q"].shape[1]
+    for bad in (-1, T + 1):
+        with raises(ValueError, "max_seqlen"):
+            ops.ext().prefill(*arrays, **{**args, "max_seqlen": bad})
+    ops.ext().prefill(*arrays, **{**args, "max_seqlen": T})

@@ -54,15 +54,17 @@ constexpr int64_t kTokenSerialMaxAverageLength = 16;
 constexpr int64_t kTokenSerialMaxLength = 64;
 constexpr int64_t kFusedMaxLength = 512;
 
-// True unless the hint says that some sequence is longer than `limit` tokens (a fixed batch's
-// rows all have the average length, which the callers check).
-bool longest_within(const PrefillParams& p, int64_t limit) {
-  return p.cu_seqlens == nullptr || p.max_seqlen == 0 || p.max_seqlen <= limit;
+// Whether the batch's sequences are short enough for a kernel meant for at most `average` tokens
+// per sequence on average and, by the caller's hint when there is one, `longest` tokens in any
+// (a fixed batch's rows all have the average length).
+bool lengths_within(const PrefillParams& p, int64_t average, int64_t longest) {
+  const int64_t tokens = p.cu_seqlens != nullptr ? p.seqlen : p.batch * p.seqlen;
+  const bool longest_ok = p.cu_seqlens == nullptr || p.max_seqlen == 0 || p.max_seqlen <= longest;
+  return tokens <= average * p.num_seqs && longest_ok;
 }
 
 bool prefer_token_serial(const PrefillParams& p) {
-  const int64_t tokens = p.cu_seqlens != nullptr ? p.seqlen : p.batch * p.seqlen;
-  return tokens <= kTokenSerialMaxAverageLength * p.num_seqs && longest_within(p, kTokenSerialMaxLength);
+  return lengths_within(p, kTokenSerialMaxAverageLength, kTokenSerialMaxLength);
 }
 
 // The forced path from KDAKIT_PREFILL_PATH (read once), or set_prefill_path's override.
@@ -173,10 +175,7 @@ int32_t sizing_segment_chunks(const PrefillParams& p) {
 // fixed 2.42 vs 1.55 ms); docs/design/20261201-prefill-fused.md has the profile.
 constexpr int64_t kFusedMaxAverageLength = 64;
 
-bool short_sequences(const PrefillParams& p) {
-  const int64_t tokens = p.cu_seqlens != nullptr ? p.seqlen : p.batch * p.seqlen;
-  return tokens <= kFusedMaxAverageLength * p.num_seqs && longest_within(p, kFusedMaxLength);
-}
+bool short_sequences(const PrefillParams& p) { return lengths_within(p, kFusedMaxAverageLength, kFusedMaxLength); }
 
 // The chunked kernels this call takes: fused where it applies and is the faster (or is
 // forced), else the two-kernel path.
