@@ -29,6 +29,7 @@ def _clean_env(monkeypatch):
     ("direct32+pdl+nopf", {"KDAKIT_DECODE_VARIANT": "direct32", "KDAKIT_DECODE_PDL": "1",
                            "KDAKIT_DECODE_PREFETCH": "0"}),
     ("staged+pdl+pf", {"KDAKIT_DECODE_VARIANT": "staged", "KDAKIT_DECODE_PDL": "1", "KDAKIT_DECODE_PREFETCH": "1"}),
+    ("staged64+pdl+pfw", {"KDAKIT_DECODE_VARIANT": "staged64", "KDAKIT_DECODE_PDL": "1", "KDAKIT_DECODE_PREFETCH": "w"}),
 ])
 def test_spec_sets_exactly_its_environment(spec, env):
     os.environ["KDAKIT_DECODE_PREFETCH"] = "stale"  # a previous spec's setting must not survive
@@ -52,5 +53,5 @@ def test_every_listed_variant_parses_to_a_dispatcher_name():
     for spec in bench.ALL_VARIANTS:
         name, mods = bench._parse_spec(spec)
         assert name in names, spec
-        assert mods <= {"pdl", "pf", "nopf"}, spec
+        assert mods <= {"pdl", "pf", "nopf", "pfw"}, spec
         assert not {"pf", "nopf"} <= mods, spec

@@ -29,7 +29,7 @@ hides a wrong answer.
 Kernel variants: ``--variants`` takes a comma list of specs ``name[+pdl][+pf|+nopf]`` (``name``
 a KDAKIT_DECODE_VARIANT value: registers, staged, staged64, direct32, direct16; ``+pdl`` sets
 KDAKIT_DECODE_PDL=1, else a forced name runs without PDL; ``+pf`` / ``+nopf`` set
-KDAKIT_DECODE_PREFETCH=1 / 0), ``auto`` (the
+KDAKIT_DECODE_PREFETCH=1 / 0; ``+pfw``: =w, the staged kernel's first wave only), ``auto`` (the
 dispatcher's choice), or ``all`` (every spec of ALL_VARIANTS). The dispatcher reads
 the variables on every call (src/cuda/sm90/decode/dispatch.cu), so each decode row is checked
 against FLA and timed once per variant in the same process, beside one FLA timing; the kernel
@@ -62,7 +62,8 @@ COPY_CEILING_TBPS = 4.27  # H200 device-to-device copy, read + write (TARGETS.md
 LOWER_BOUND = -5.0
 ROTATION_BYTES = 256 * 1024 * 1024
 MAX_POOL_BYTES = 24 * 1024**3
-ALL_VARIANTS = ["auto", "staged", "staged+pdl", "staged64", "staged64+pdl", "staged64+pdl+pf", "direct32",
+ALL_VARIANTS = ["auto", "staged", "staged+pdl", "staged64", "staged64+pdl", "staged64+pdl+pf", "staged64+pdl+pfw",
+                "direct32",
                 "direct32+pdl", "direct32+pdl+nopf", "direct32+pdl+pf", "direct16", "direct16+pdl"]
 
 
@@ -209,8 +210,8 @@ def _set_variant(spec: str) -> None:
         os.environ["KDAKIT_DECODE_PDL"] = "1"
     elif name != "auto":
         os.environ["KDAKIT_DECODE_PDL"] = "0"
-    if "nopf" in mods or "pf" in mods:
-        os.environ["KDAKIT_DECODE_PREFETCH"] = "1" if "pf" in mods else "0"
+    if "nopf" in mods or "pf" in mods or "pfw" in mods:
+        os.environ["KDAKIT_DECODE_PREFETCH"] = "w" if "pfw" in mods else "1" if "pf" in mods else "0"
     if name != "auto":
         os.environ["KDAKIT_DECODE_VARIANT"] = name
 

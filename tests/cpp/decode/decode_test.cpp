@@ -91,7 +91,7 @@ const std::vector<std::string>& test_variants() {
   static const std::vector<std::string> variants = {
       "auto",          "registers",       "staged",       "staged64",          "direct32",
       "direct16",      "direct32+pdl",    "direct16+pdl", "direct32+pdl+nopf", "staged+pdl",
-      "staged+pdl+pf", "staged64+pdl+pf"};
+      "staged+pdl+pf", "staged64+pdl+pf", "staged64+pdl+pfw"};
   return variants;
 }
 
@@ -103,6 +103,7 @@ class ScopedVariant {
     if (spec == "auto") return;
     std::string rest = spec;
     if (strip_suffix(rest, "+nopf")) setenv("KDAKIT_DECODE_PREFETCH", "0", 1);
+    if (strip_suffix(rest, "+pfw")) setenv("KDAKIT_DECODE_PREFETCH", "w", 1);
     if (strip_suffix(rest, "+pf")) setenv("KDAKIT_DECODE_PREFETCH", "1", 1);
     pdl_ = strip_suffix(rest, "+pdl");
     name_ = rest;

@@ -298,6 +298,7 @@ struct Choice {
   Variant variant = Variant::kRegisters;
   bool pdl = false;
   bool prefetch = false;  // with pdl: the L2 prefetch before griddepcontrol.wait (direct, staged)
+  bool prefetch_first_wave = false;  // staged, with prefetch: only the CTAs of the grid's first wave
 };
 
 bool env_flag(const char* name, bool fallback) {
@@ -347,6 +348,13 @@ Choice choose_variant(const RecurrentKernelParams& k, bool fast, DType dtype_sta
   // would sit on the chain); the launchers rely on that.
   c.pdl = pdl_capable(c.variant) && env_flag("KDAKIT_DECODE_PDL", kDefaultPdl);
   c.prefetch = c.pdl && env_flag("KDAKIT_DECODE_PREFETCH", small && is_fast(c.variant));
+  // KDAKIT_DECODE_PREFETCH=w: the staged kernel's first wave only (the CTAs that can be resident
+  // while the previous kernel finishes; later CTAs start after it and would pay the extra index
+  // round trip for nothing). The direct kernel takes it as off.
+  if (const char* v = std::getenv("KDAKIT_DECODE_PREFETCH"); c.prefetch && v != nullptr && v[0] == 'w') {
+    c.prefetch = is_staged(c.variant);
+    c.prefetch_first_wave = c.prefetch;
+  }
   return c;
 }
 
@@ -389,6 +397,7 @@ Status launch(const RecurrentKernelParams& k, const recurrent::FastDecodeParams*
   }
   RecurrentKernelParams ks = k;
   ks.prefetch_before_wait = choice.prefetch;
+  ks.prefetch_first_wave_only = choice.prefetch_first_wave;
   auto staged = [&]<class StateT, bool kSingle>() -> Status {
     if (head_dim == 128) return recurrent::launch_staged<StateT, 128, kSingle, 1>(ks, stream, pdl);
     return recurrent::launch_staged<StateT, 64, kSingle, 1>(ks, stream, pdl);
