@@ -49,7 +49,7 @@ def test_expected_dispatcher_report(spec, ran):
 
 
 def test_every_listed_variant_parses_to_a_dispatcher_name():
-    names = {"auto", "registers", "staged", "staged64", "direct32", "direct16"}
+    names = {"auto", "registers", "staged", "staged64", "staged64x2", "direct32", "direct16"}
     for spec in bench.ALL_VARIANTS:
         name, mods = bench._parse_spec(spec)
         assert name in names, spec

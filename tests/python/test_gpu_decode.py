@@ -76,7 +76,8 @@ CASES = [
 # "name[+pdl][+pf|+nopf]": KDAKIT_DECODE_VARIANT=name, KDAKIT_DECODE_PDL=1 with "+pdl" (else 0),
 # KDAKIT_DECODE_PREFETCH=1 / 0 with "+pf" / "+nopf" (else the dispatcher's default).
 VARIANTS = ["registers", "staged", "staged64", "direct32", "direct16", "direct32+pdl", "direct32+pdl+nopf",
-            "staged+pdl", "staged+pdl+pf", "staged64+pdl", "staged64+pdl+pf", "staged64+pdl+pfw"]
+            "staged+pdl", "staged+pdl+pf", "staged64+pdl", "staged64+pdl+pf", "staged64+pdl+pfw",
+            "staged64x2+pdl"]
 SINGLE_COLUMN = [c for c in CASES if c[5] == 1 and c[7] == "v_first"]
 
 

@@ -27,7 +27,7 @@ first checks kdakit's output against FLA's on the same inputs (relative L2), so 
 hides a wrong answer.
 
 Kernel variants: ``--variants`` takes a comma list of specs ``name[+pdl][+pf|+nopf]`` (``name``
-a KDAKIT_DECODE_VARIANT value: registers, staged, staged64, direct32, direct16; ``+pdl`` sets
+a KDAKIT_DECODE_VARIANT value: registers, staged, staged64, staged64x2, direct32, direct16; ``+pdl`` sets
 KDAKIT_DECODE_PDL=1, else a forced name runs without PDL; ``+pf`` / ``+nopf`` set
 KDAKIT_DECODE_PREFETCH=1 / 0; ``+pfw``: =w, the staged kernel's first wave only), ``auto`` (the
 dispatcher's choice), or ``all`` (every spec of ALL_VARIANTS). The dispatcher reads
@@ -63,7 +63,7 @@ LOWER_BOUND = -5.0
 ROTATION_BYTES = 256 * 1024 * 1024
 MAX_POOL_BYTES = 24 * 1024**3
 ALL_VARIANTS = ["auto", "staged", "staged+pdl", "staged64", "staged64+pdl", "staged64+pdl+pf", "staged64+pdl+pfw",
-                "direct32",
+                "staged64x2+pdl", "direct32",
                 "direct32+pdl", "direct32+pdl+nopf", "direct32+pdl+pf", "direct16", "direct16+pdl"]
 
 

@@ -91,7 +91,7 @@ const std::vector<std::string>& test_variants() {
   static const std::vector<std::string> variants = {
       "auto",          "registers",       "staged",       "staged64",          "direct32",
       "direct16",      "direct32+pdl",    "direct16+pdl", "direct32+pdl+nopf", "staged+pdl",
-      "staged+pdl+pf", "staged64+pdl+pf", "staged64+pdl+pfw"};
+      "staged+pdl+pf", "staged64+pdl+pf", "staged64+pdl+pfw", "staged64x2+pdl"};
   return variants;
 }
 

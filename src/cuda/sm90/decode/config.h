@@ -88,7 +88,10 @@ constexpr int staged_min_ctas_per_sm(bool single_token) { return single_token ? 
 // reduction area; the kernel passes a base shifted back by that area, which stays inside the
 // CTA's shared memory because the state slice lies before the token buffer.
 // The fp32 running copy of a bf16 slice exists only with a token loop (!kSingleToken).
-template <class StateT, int kHeadDim, bool kSingleToken, int kGroups>
+// kPasses (1 or 2; 2 only for single-token 64-row slices): the CTA runs kPasses consecutive
+// slices through the same buffer (the whole 128-row head at kGroups = 2, K = 128); the later
+// passes' v entries follow the token buffer (kGroups x 32 floats per pass).
+template <class StateT, int kHeadDim, bool kSingleToken, int kGroups, int kPasses = 1>
 struct StagedSharedMemoryPlan {
   static constexpr int kSliceBytes = kGroups * kValuesPerCta * kHeadDim * int(sizeof(StateT));
   static constexpr bool kSeparateRunning = !kSingleToken && sizeof(StateT) != sizeof(float);
@@ -96,7 +99,10 @@ struct StagedSharedMemoryPlan {
       kSeparateRunning ? kGroups * kValuesPerCta * kHeadDim * int(sizeof(float)) : 0;
   static constexpr int kTokenOffsetBytes = kSliceBytes + kRunningBytes;
   static constexpr int kReduceBytes = SharedMemoryPlan<kHeadDim>::kReduceFloats * int(sizeof(float));
-  static constexpr int bytes() { return kTokenOffsetBytes + SharedMemoryPlan<kHeadDim>::bytes(kGroups) - kReduceBytes; }
+  static constexpr int bytes() {
+    return kTokenOffsetBytes + SharedMemoryPlan<kHeadDim>::bytes(kGroups) - kReduceBytes +
+           (kPasses - 1) * kGroups * kValuesPerCta * int(sizeof(float));
+  }
   static_assert(kSliceBytes % (16 * kThreads) == 0, "the slice copy moves 16-byte chunks, the same count per thread");
   static_assert(kTokenOffsetBytes >= kReduceBytes, "the shifted token-buffer base must stay inside shared memory");
   static_assert(kGroups == 1 || kGroups == 2, "one or two 32-row groups per CTA");

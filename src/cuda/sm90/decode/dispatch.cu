@@ -208,6 +208,7 @@ enum class Variant {
   kRegisters,
   kStagedSingle,
   kStagedSingleWide,
+  kStagedSingleWidePasses,  // the 64-row kernel running a whole 128-row head per CTA in two passes
   kStagedMulti,
   kDirect32,
   kDirect16,
@@ -219,6 +220,7 @@ const char* variant_env_name(Variant v) {
     case Variant::kRegisters: return "registers";
     case Variant::kStagedSingle: return "staged";
     case Variant::kStagedSingleWide: return "staged64";
+    case Variant::kStagedSingleWidePasses: return "staged64x2";
     case Variant::kStagedMulti: return "staged";
     case Variant::kDirect32: return "direct32";
     case Variant::kDirect16: return "direct16";
@@ -231,6 +233,7 @@ const char* variant_name(Variant v) {
     case Variant::kRegisters: return "kernel";
     case Variant::kStagedSingle: return "staged_kernel (single token)";
     case Variant::kStagedSingleWide: return "staged_kernel (single token, 64 rows per CTA)";
+    case Variant::kStagedSingleWidePasses: return "staged_kernel (single token, 2 x 64 rows per CTA)";
     case Variant::kStagedMulti: return "staged_kernel (token loop)";
     case Variant::kDirect32: return "direct_kernel (32 rows per CTA)";
     case Variant::kDirect16: return "direct_kernel (16 rows per CTA)";
@@ -275,7 +278,8 @@ constexpr bool kDefaultPdl = true;
 
 bool is_fast(Variant v) { return v == Variant::kDirect32 || v == Variant::kDirect16; }
 bool is_staged(Variant v) {
-  return v == Variant::kStagedSingle || v == Variant::kStagedSingleWide || v == Variant::kStagedMulti;
+  return v == Variant::kStagedSingle || v == Variant::kStagedSingleWide || v == Variant::kStagedSingleWidePasses ||
+         v == Variant::kStagedMulti;
 }
 // Variants launched through launch_pdl_kernel (everything but the register kernel).
 bool pdl_capable(Variant v) { return is_fast(v) || is_staged(v); }
@@ -340,6 +344,8 @@ Choice choose_variant(const RecurrentKernelParams& k, bool fast, DType dtype_sta
       c.variant = single_token(k) ? Variant::kStagedSingle : Variant::kStagedMulti;
     } else if (name == "staged64" && wide_fits(k, dtype_state, layout, head_dim)) {
       c.variant = Variant::kStagedSingleWide;
+    } else if (name == "staged64x2" && wide_fits(k, dtype_state, layout, head_dim)) {
+      c.variant = Variant::kStagedSingleWidePasses;
     } else if ((name == "direct32" || name == "direct16") && direct_ok) {
       c.variant = name == "direct32" ? Variant::kDirect32 : Variant::kDirect16;
     }
@@ -406,6 +412,10 @@ Status launch(const RecurrentKernelParams& k, const recurrent::FastDecodeParams*
     if (dtype_state == DType::kFloat32) return recurrent::launch_staged<float, 128, true, 2>(ks, stream, pdl);
     return recurrent::launch_staged<__nv_bfloat16, 128, true, 2>(ks, stream, pdl);
   }
+  if (variant == Variant::kStagedSingleWidePasses) {
+    if (dtype_state == DType::kFloat32) return recurrent::launch_staged<float, 128, true, 2, 2>(ks, stream, pdl);
+    return recurrent::launch_staged<__nv_bfloat16, 128, true, 2, 2>(ks, stream, pdl);
+  }
   if (variant != Variant::kRegisters) {
     const bool single = variant == Variant::kStagedSingle;
     if (dtype_state == DType::kFloat32) {
@@ -467,7 +477,7 @@ std::string decode_variant(const DecodeParams& p) {
 }
 
 std::vector<std::string> decode_variant_names() {
-  return {"registers", "staged", "staged64", "direct32", "direct16"};
+  return {"registers", "staged", "staged64", "staged64x2", "direct32", "direct16"};
 }
 
 Status run_recurrent_prefill(const PrefillParams& p, cudaStream_t stream) {

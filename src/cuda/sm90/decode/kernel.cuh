@@ -679,13 +679,14 @@ __device__ __forceinline__ void load_smem_row(const T* p, float (&out)[kE]) {
   }
 }
 
-template <class StateT, int kHeadDim, bool kSingleToken, int kGroups>
+template <class StateT, int kHeadDim, bool kSingleToken, int kGroups, int kPasses>
 __global__ void __launch_bounds__(kThreads, staged_min_ctas_per_sm(kSingleToken))
     kda_decode_sm90_staged_kernel(const __grid_constant__ RecurrentKernelParams p) {
   using Plan = SharedMemoryPlan<kHeadDim>;
-  using Staged = StagedSharedMemoryPlan<StateT, kHeadDim, kSingleToken, kGroups>;
+  using Staged = StagedSharedMemoryPlan<StateT, kHeadDim, kSingleToken, kGroups, kPasses>;
   constexpr int kE = kHeadDim / 32;
-  constexpr int kRowsPerCta = kGroups * kValuesPerCta;
+  constexpr int kBufferRows = kGroups * kValuesPerCta;  // rows of the shared-memory slice
+  constexpr int kRowsPerCta = kBufferRows * kPasses;     // kPasses slices run through it one after the other
   constexpr int kSlices = kHeadDim / kRowsPerCta;
   constexpr int64_t kBlockElems = int64_t(kHeadDim) * kHeadDim;
   constexpr int kChunksPerThread = Staged::kSliceBytes / (16 * kThreads);
@@ -696,6 +697,7 @@ __global__ void __launch_bounds__(kThreads, staged_min_ctas_per_sm(kSingleToken)
   static_assert(kGroups == 1 || kSingleToken, "several row groups per CTA only for single-token decode");
   static_assert(kRowsPerWarp * kChunksPerRow % 32 == 0, "a warp's rows must split into whole 16-byte chunks per lane");
   static_assert(kHeadDim % kRowsPerCta == 0, "the slices must tile the value rows");
+  static_assert(kPasses == 1 || (kSingleToken && kGroups == 2), "several passes only for single-token 64-row slices");
   // NOTE: per-warp loads (step 3) only for single-token decode: with the token loop the kernel
   // spills with them (12 bytes at its 80 registers, ptxas -v, nvcc 13.0).
   constexpr bool kWarpLoads = kSingleToken;
@@ -723,7 +725,7 @@ __global__ void __launch_bounds__(kThreads, staged_min_ctas_per_sm(kSingleToken)
     if (slot_valid(guess, p.num_pool_slots, p.null_slot_is_padding)) {
       kdakit::cuda::ptx::bulk_prefetch_l2(
           static_cast<const StateT*>(p.pool) + guess * p.stride_pool_slot + head_offset + int64_t(j0) * kHeadDim,
-          uint32_t(Staged::kSliceBytes));
+          uint32_t(Staged::kSliceBytes * kPasses));
     }
   }
   kdakit::cuda::ptx::griddep_wait();
@@ -733,13 +735,15 @@ __global__ void __launch_bounds__(kThreads, staged_min_ctas_per_sm(kSingleToken)
   const TokenRange range = token_range(p, n);
   const int64_t len = range.end - range.begin;
   RawToken<kHeadDim> raw;
-  float v_hi = 0.f;  // v of the second row group (kGroups == 2): value row j0 + 32 + lane
+  // v of the CTA's later 32-row groups (value row j0 + 32 x + lane), x = 1 .. kGroups kPasses - 1
+  float v_more[kGroups * kPasses > 1 ? kGroups * kPasses - 1 : 1];
   if (warp == 0 && len > 0) {
     raw = load_token<kHeadDim, true>(p, range.row, range.begin, h, j0, lane);
-    if constexpr (kGroups == 2) {
-      v_hi = load_as_float(p.v, p.dtype_qkv,
-                           range.row * p.stride_v_b + range.begin * p.stride_v_t + int64_t(h) * p.stride_v_h + j0 +
-                               kValuesPerCta + lane);
+#pragma unroll
+    for (int x = 1; x < kGroups * kPasses; ++x) {
+      v_more[x - 1] = load_as_float(p.v, p.dtype_qkv,
+                                    range.row * p.stride_v_b + range.begin * p.stride_v_t + int64_t(h) * p.stride_v_h +
+                                        j0 + x * kValuesPerCta + lane);
     }
   }
 
@@ -785,6 +789,10 @@ __global__ void __launch_bounds__(kThreads, staged_min_ctas_per_sm(kSingleToken)
     }
   }
 
+  // The token buffer's v entries of pass `pass` (kBufferRows each): the plan's v area for pass
+  // 0, the area after the plan's floats (StagedSharedMemoryPlan) for the later ones.
+  auto v_area = [&](int pass) { return pass == 0 ? Plan::v(kGroups) : Plan::floats(kGroups) + (pass - 1) * kBufferRows; };
+
   // --- 4./5. tokens
   // NOTE: kSingleToken (the launcher guarantees len <= 1: dense batches with T = 1) drops the
   // token loop; its loop-carried values cost the 16 registers that keep the kernel at 64.
@@ -795,7 +803,8 @@ __global__ void __launch_bounds__(kThreads, staged_min_ctas_per_sm(kSingleToken)
     if (warp == 0) {
       if (t > 0) raw = load_token<kHeadDim, true>(p, range.row, range.begin + t, h, j0, lane);
       finish_token<kHeadDim, true>(p, raw, h, tok, kGroups, 0, lane);
-      if constexpr (kGroups == 2) tok[Plan::v(kGroups) + kValuesPerCta + lane] = v_hi;
+#pragma unroll
+      for (int x = 1; x < kGroups * kPasses; ++x) tok[v_area(x / kGroups) + (x % kGroups) * kValuesPerCta + lane] = v_more[x - 1];
     }
     if (!kWarpLoads && t == 0) kdakit::cuda::cp_async_wait_all();
     __syncthreads();
@@ -810,12 +819,16 @@ __global__ void __launch_bounds__(kThreads, staged_min_ctas_per_sm(kSingleToken)
     const bool last = kSingleToken || t + 1 == len;
 
 #pragma unroll 1
+    for (int pass = 0; pass < kPasses; ++pass) {
+    StateT* const pass_block = block + int64_t(pass) * kBufferRows * kHeadDim;
+#pragma unroll 1
     for (int g = 0; g < kGroups; ++g) {
       const int row0 = g * kValuesPerCta + warp * kRowsPerWarp;  // first of this warp's rows in the slice
       if (kWarpLoads && from_slice) {
         // This warp's rows of group g are in (the lane's own copies and, for rows of fewer than
-        // 512 bytes, its neighbours': hence the warp barrier).
-        cp_async_wait_pending(kGroups - 1 - g);
+        // 512 bytes, its neighbours': hence the warp barrier). Outstanding after it: this pass's
+        // later groups and the next pass's groups already reissued (0 .. g - 1).
+        cp_async_wait_pending(kGroups - 1 - g + (pass + 1 < kPasses ? g : 0));
         __syncwarp();
       }
       // Pass 1: decayed rows -> partial dot products.
@@ -843,7 +856,7 @@ __global__ void __launch_bounds__(kThreads, staged_min_ctas_per_sm(kSingleToken)
       reduce_scatter_stage<2>(part, lane);
       reduce_scatter_stage<1>(part, lane);
       const float total = part[0] + __shfl_xor_sync(0xffffffffu, part[0], 1);
-      const float my_delta = beta * (tok[Plan::v(kGroups) + row0 + my_row] - total);
+      const float my_delta = beta * (tok[v_area(pass) + row0 + my_row] - total);
 
       // Pass 2: decay again (identical operations), rank-1 update, store.
 #pragma unroll
@@ -859,7 +872,7 @@ __global__ void __launch_bounds__(kThreads, staged_min_ctas_per_sm(kSingleToken)
 #pragma unroll
         for (int e = 0; e < kE; ++e) s[e] = fmaf(delta, k[e], s[e] * d[e]);
         if (last) {
-          kdakit::cuda::store_vec_stream<kE>(block + offset, s);
+          kdakit::cuda::store_vec_stream<kE>(pass_block + offset, s);
         } else {
 #pragma unroll
           for (int e = 0; e < kE; ++e) running[offset + e] = s[e];
@@ -868,17 +881,33 @@ __global__ void __launch_bounds__(kThreads, staged_min_ctas_per_sm(kSingleToken)
       const float partner_delta = __shfl_xor_sync(0xffffffffu, my_delta, 16);
       if (lane >= 16 && (lane & 1) == 0) {
         const int64_t o_off = range.row * p.stride_o_b + (range.begin + t) * p.stride_o_t + int64_t(h) * p.stride_o_h +
-                              j0 + row0 + my_row;
+                              j0 + pass * kBufferRows + row0 + my_row;
         store_from_float(p.o, p.dtype_qkv, o_off, fmaf(partner_delta, kq, total));
       }
+      if constexpr (kPasses > 1) {
+        // This warp's rows of group g are stored: copy the next pass's rows into them (every
+        // lane is done reading the buffer once the warp is past the barrier).
+        if (pass + 1 < kPasses) {
+          __syncwarp();
+          const char* src = reinterpret_cast<const char*>(pass_block + int64_t(kBufferRows) * kHeadDim);
+#pragma unroll
+          for (int i = 0; i < kLaneChunksPerGroup; ++i) {
+            const int c = i * 32 + lane;
+            const int offset = (row0 + c / kChunksPerRow) * kRowBytes + (c % kChunksPerRow) * 16;
+            cp_async_16(smem_bytes + offset, src + offset);
+          }
+          cp_async_commit();
+        }
+      }
+    }
     }
     if (!last) __syncthreads();  // the token buffer is rewritten for the next token
   }
 }
 
-template <class StateT, int kHeadDim, bool kSingleToken, int kGroups>
+template <class StateT, int kHeadDim, bool kSingleToken, int kGroups, int kPasses>
 Status launch_staged(const RecurrentKernelParams& p, cudaStream_t stream, bool pdl) {
-  constexpr int kSlices = kHeadDim / (kGroups * kValuesPerCta);
+  constexpr int kSlices = kHeadDim / (kGroups * kValuesPerCta * kPasses);
   const int64_t ctas = p.num_seqs * p.num_v_heads * kSlices;
   if (ctas <= 0) return Status::Ok();
   if (ctas > int64_t{0x7fffffff}) {
@@ -886,12 +915,12 @@ Status launch_staged(const RecurrentKernelParams& p, cudaStream_t stream, bool p
                   "decode: num_seqs * num_v_heads * " + std::to_string(kSlices) +
                       " CTAs exceed the grid limit 2^31 - 1 (got " + std::to_string(ctas) + ")");
   }
-  auto kernel = kda_decode_sm90_staged_kernel<StateT, kHeadDim, kSingleToken, kGroups>;
-  const int smem_bytes = StagedSharedMemoryPlan<StateT, kHeadDim, kSingleToken, kGroups>::bytes();
+  auto kernel = kda_decode_sm90_staged_kernel<StateT, kHeadDim, kSingleToken, kGroups, kPasses>;
+  const int smem_bytes = StagedSharedMemoryPlan<StateT, kHeadDim, kSingleToken, kGroups, kPasses>::bytes();
   // NOTE: ask once per device for the largest shared-memory carveout, so that the CTAs per SM the
   // registers allow (8 x 9-37 KB, fewer for the 37 KB fp32 64-row slices) are not cut by a
   // smaller default L1/shared split; slices over 48 KB would need the opt-in attribute too.
-  static_assert(StagedSharedMemoryPlan<StateT, kHeadDim, kSingleToken, kGroups>::bytes() <= 48 * 1024,
+  static_assert(StagedSharedMemoryPlan<StateT, kHeadDim, kSingleToken, kGroups, kPasses>::bytes() <= 48 * 1024,
                 "the staged kernel launches without the dynamic shared-memory opt-in");
   static kdakit::cuda::PerDeviceOnce carveout_once;  // per function and device (common/device_setup.cuh)
   const cudaError_t carveout = kdakit::cuda::set_up_once_per_device(carveout_once, [&] {

@@ -13,10 +13,13 @@ Status launch_recurrent(const RecurrentKernelParams& p, cudaStream_t stream);
 
 // Staged variant: V-first layout, decode mode with one index column only. kSingleToken: every
 // sequence has at most one token (a dense batch with T = 1). kGroups: 32-row groups per CTA
-// (2 only with kSingleToken). pdl: launch with the programmatic-dependent-launch attribute
+// (2 only with kSingleToken). kPasses: slices of kGroups x 32 rows one CTA runs through its
+// shared-memory slice (2 only with kSingleToken and kGroups = 2: the whole 128-row head, the next
+// slice's rows copied as soon as a warp has stored the current ones). pdl: launch with the
+// programmatic-dependent-launch attribute
 // (fast_launch.cuh). p.prefetch_before_wait (set only together with pdl) lets the kernel prefetch
 // its slice before the wait.
-template <class StateT, int kHeadDim, bool kSingleToken, int kGroups>
+template <class StateT, int kHeadDim, bool kSingleToken, int kGroups, int kPasses = 1>
 Status launch_staged(const RecurrentKernelParams& p, cudaStream_t stream, bool pdl);
 
 // Fast single-column V-first decode (config.h, FastDecodeParams), pdl: launch with the
