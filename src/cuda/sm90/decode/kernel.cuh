@@ -894,9 +894,9 @@ __global__ void __launch_bounds__(kThreads, staged_min_ctas_per_sm(kSingleToken)
           for (int i = 0; i < kLaneChunksPerGroup; ++i) {
             const int c = i * 32 + lane;
             const int offset = (row0 + c / kChunksPerRow) * kRowBytes + (c % kChunksPerRow) * 16;
-            cp_async_16(smem_bytes + offset, src + offset);
+            kdakit::cuda::cp_async_16(kdakit::cuda::smem_u32(smem_bytes + offset), src + offset);
           }
-          cp_async_commit();
+          kdakit::cuda::cp_async_commit();
         }
       }
     }
