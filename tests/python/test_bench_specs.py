@@ -10,7 +10,7 @@ import pytest
 
 from kdakit.bench import decode as bench
 
-ENV = ("KDAKIT_DECODE_VARIANT", "KDAKIT_DECODE_PDL", "KDAKIT_DECODE_PREFETCH")
+ENV = ("KDAKIT_DECODE_VARIANT", "KDAKIT_DECODE_PDL", "KDAKIT_DECODE_PREFETCH", "KDAKIT_DECODE_PREFETCH_NEXT")
 
 
 @pytest.fixture(autouse=True)
@@ -29,7 +29,10 @@ def _clean_env(monkeypatch):
     ("direct32+pdl+nopf", {"KDAKIT_DECODE_VARIANT": "direct32", "KDAKIT_DECODE_PDL": "1",
                            "KDAKIT_DECODE_PREFETCH": "0"}),
     ("staged+pdl+pf", {"KDAKIT_DECODE_VARIANT": "staged", "KDAKIT_DECODE_PDL": "1", "KDAKIT_DECODE_PREFETCH": "1"}),
-    ("staged64+pdl+pfw", {"KDAKIT_DECODE_VARIANT": "staged64", "KDAKIT_DECODE_PDL": "1", "KDAKIT_DECODE_PREFETCH": "w"}),
+    ("staged64x2+pdl+pfn", {"KDAKIT_DECODE_VARIANT": "staged64x2", "KDAKIT_DECODE_PDL": "1",
+                            "KDAKIT_DECODE_PREFETCH_NEXT": "1"}),
+    ("staged64x2+pdl+nopfn", {"KDAKIT_DECODE_VARIANT": "staged64x2", "KDAKIT_DECODE_PDL": "1",
+                              "KDAKIT_DECODE_PREFETCH_NEXT": "0"}),
 ])
 def test_spec_sets_exactly_its_environment(spec, env):
     os.environ["KDAKIT_DECODE_PREFETCH"] = "stale"  # a previous spec's setting must not survive
@@ -53,5 +56,5 @@ def test_every_listed_variant_parses_to_a_dispatcher_name():
     for spec in bench.ALL_VARIANTS:
         name, mods = bench._parse_spec(spec)
         assert name in names, spec
-        assert mods <= {"pdl", "pf", "nopf", "pfw"}, spec
+        assert mods <= {"pdl", "pf", "nopf", "pfn", "nopfn"}, spec
         assert not {"pf", "nopf"} <= mods, spec

@@ -76,7 +76,7 @@ CASES = [
 # "name[+pdl][+pf|+nopf]": KDAKIT_DECODE_VARIANT=name, KDAKIT_DECODE_PDL=1 with "+pdl" (else 0),
 # KDAKIT_DECODE_PREFETCH=1 / 0 with "+pf" / "+nopf" (else the dispatcher's default).
 VARIANTS = ["registers", "staged", "staged64", "direct32", "direct16", "direct32+pdl", "direct32+pdl+nopf",
-            "staged+pdl", "staged+pdl+pf", "staged64+pdl", "staged64+pdl+pf", "staged64+pdl+pfw",
+            "staged+pdl", "staged+pdl+pf", "staged64+pdl", "staged64+pdl+pf", "staged64x2+pdl+pfn",
             "staged64x2+pdl"]
 SINGLE_COLUMN = [c for c in CASES if c[5] == 1 and c[7] == "v_first"]
 
@@ -87,10 +87,14 @@ def _force_variant(monkeypatch, spec):
     pdl = "pdl" in mods
     monkeypatch.setenv("KDAKIT_DECODE_VARIANT", name)
     monkeypatch.setenv("KDAKIT_DECODE_PDL", "1" if pdl else "0")
-    if "nopf" in mods or "pf" in mods or "pfw" in mods:
-        monkeypatch.setenv("KDAKIT_DECODE_PREFETCH", "w" if "pfw" in mods else "1" if "pf" in mods else "0")
+    if "nopf" in mods or "pf" in mods:
+        monkeypatch.setenv("KDAKIT_DECODE_PREFETCH", "1" if "pf" in mods else "0")
     else:
         monkeypatch.delenv("KDAKIT_DECODE_PREFETCH", raising=False)
+    if "nopfn" in mods or "pfn" in mods:
+        monkeypatch.setenv("KDAKIT_DECODE_PREFETCH_NEXT", "1" if "pfn" in mods else "0")
+    else:
+        monkeypatch.delenv("KDAKIT_DECODE_PREFETCH_NEXT", raising=False)
     monkeypatch.setenv("KDAKIT_PRINT_CONFIGS", "1")
     return f"variant={name} pdl={1 if pdl and name != 'registers' else 0}"
 

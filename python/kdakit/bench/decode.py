@@ -29,7 +29,8 @@ hides a wrong answer.
 Kernel variants: ``--variants`` takes a comma list of specs ``name[+pdl][+pf|+nopf]`` (``name``
 a KDAKIT_DECODE_VARIANT value: registers, staged, staged64, staged64x2, direct32, direct16; ``+pdl`` sets
 KDAKIT_DECODE_PDL=1, else a forced name runs without PDL; ``+pf`` / ``+nopf`` set
-KDAKIT_DECODE_PREFETCH=1 / 0; ``+pfw``: =w, the staged kernel's first wave only), ``auto`` (the
+KDAKIT_DECODE_PREFETCH=1 / 0; ``+pfn`` / ``+nopfn``: KDAKIT_DECODE_PREFETCH_NEXT=1 / 0, staged64x2's
+L2 prefetch of its second pass), ``auto`` (the
 dispatcher's choice), or ``all`` (every spec of ALL_VARIANTS). The dispatcher reads
 the variables on every call (src/cuda/sm90/decode/dispatch.cu), so each decode row is checked
 against FLA and timed once per variant in the same process, beside one FLA timing; the kernel
@@ -62,8 +63,8 @@ COPY_CEILING_TBPS = 4.27  # H200 device-to-device copy, read + write (TARGETS.md
 LOWER_BOUND = -5.0
 ROTATION_BYTES = 256 * 1024 * 1024
 MAX_POOL_BYTES = 24 * 1024**3
-ALL_VARIANTS = ["auto", "staged", "staged+pdl", "staged64", "staged64+pdl", "staged64+pdl+pf", "staged64+pdl+pfw",
-                "staged64x2+pdl", "direct32",
+ALL_VARIANTS = ["auto", "staged", "staged+pdl", "staged64", "staged64+pdl", "staged64+pdl+pf",
+                "staged64x2+pdl", "staged64x2+pdl+pfn", "staged64x2+pdl+nopfn", "direct32",
                 "direct32+pdl", "direct32+pdl+nopf", "direct32+pdl+pf", "direct16", "direct16+pdl"]
 
 
@@ -190,7 +191,7 @@ def _copy_ceiling_tbps(torch) -> tuple[float, float]:
     return 2 * n * 4 / (copy_us * 1e6), 2 * n * 4 / (inplace_us * 1e6)
 
 
-_VARIANT_ENV = ("KDAKIT_DECODE_VARIANT", "KDAKIT_DECODE_PDL", "KDAKIT_DECODE_PREFETCH")
+_VARIANT_ENV = ("KDAKIT_DECODE_VARIANT", "KDAKIT_DECODE_PDL", "KDAKIT_DECODE_PREFETCH", "KDAKIT_DECODE_PREFETCH_NEXT")
 
 
 def _parse_spec(spec: str) -> tuple[str, set[str]]:
@@ -210,8 +211,10 @@ def _set_variant(spec: str) -> None:
         os.environ["KDAKIT_DECODE_PDL"] = "1"
     elif name != "auto":
         os.environ["KDAKIT_DECODE_PDL"] = "0"
-    if "nopf" in mods or "pf" in mods or "pfw" in mods:
-        os.environ["KDAKIT_DECODE_PREFETCH"] = "w" if "pfw" in mods else "1" if "pf" in mods else "0"
+    if "nopf" in mods or "pf" in mods:
+        os.environ["KDAKIT_DECODE_PREFETCH"] = "1" if "pf" in mods else "0"
+    if "nopfn" in mods or "pfn" in mods:
+        os.environ["KDAKIT_DECODE_PREFETCH_NEXT"] = "1" if "pfn" in mods else "0"
     if name != "auto":
         os.environ["KDAKIT_DECODE_VARIANT"] = name
 

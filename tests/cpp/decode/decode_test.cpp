@@ -86,12 +86,13 @@ void reupload(const HostTensor& x, void* device) {
 // "auto" is the dispatcher's own choice; otherwise a KDAKIT_DECODE_VARIANT name, "+pdl" for a
 // launch with programmatic dependent launch (KDAKIT_DECODE_PDL=1, else 0; with it the direct and
 // staged kernels may prefetch their rows before the grid wait: "+pf" forces that on, "+nopf" off,
-// KDAKIT_DECODE_PREFETCH=1 / 0).
+// KDAKIT_DECODE_PREFETCH=1 / 0; "+pfn" / "+nopfn": staged64x2's L2 prefetch of its second pass,
+// KDAKIT_DECODE_PREFETCH_NEXT=1 / 0).
 const std::vector<std::string>& test_variants() {
   static const std::vector<std::string> variants = {
       "auto",          "registers",       "staged",       "staged64",          "direct32",
       "direct16",      "direct32+pdl",    "direct16+pdl", "direct32+pdl+nopf", "staged+pdl",
-      "staged+pdl+pf", "staged64+pdl+pf", "staged64+pdl+pfw", "staged64x2+pdl"};
+      "staged+pdl+pf", "staged64+pdl+pf", "staged64x2+pdl", "staged64x2+pdl+pfn"};
   return variants;
 }
 
@@ -103,7 +104,8 @@ class ScopedVariant {
     if (spec == "auto") return;
     std::string rest = spec;
     if (strip_suffix(rest, "+nopf")) setenv("KDAKIT_DECODE_PREFETCH", "0", 1);
-    if (strip_suffix(rest, "+pfw")) setenv("KDAKIT_DECODE_PREFETCH", "w", 1);
+    if (strip_suffix(rest, "+nopfn")) setenv("KDAKIT_DECODE_PREFETCH_NEXT", "0", 1);
+    if (strip_suffix(rest, "+pfn")) setenv("KDAKIT_DECODE_PREFETCH_NEXT", "1", 1);
     if (strip_suffix(rest, "+pf")) setenv("KDAKIT_DECODE_PREFETCH", "1", 1);
     pdl_ = strip_suffix(rest, "+pdl");
     name_ = rest;
@@ -130,6 +132,7 @@ class ScopedVariant {
     unsetenv("KDAKIT_DECODE_VARIANT");
     unsetenv("KDAKIT_DECODE_PDL");
     unsetenv("KDAKIT_DECODE_PREFETCH");
+    unsetenv("KDAKIT_DECODE_PREFETCH_NEXT");
   }
   std::string name_;
   bool pdl_ = false;

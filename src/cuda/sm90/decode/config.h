@@ -149,10 +149,10 @@ struct RecurrentKernelParams {
   bool null_slot_is_padding = false;
   // Staged kernel launched with PDL: the L2 prefetch of FastFlags::kPrefetchBeforeWait.
   bool prefetch_before_wait = false;
-  // With prefetch_before_wait: only the first wave's CTAs prefetch (launch_staged turns it into
-  // prefetch_ctas, the CTAs below which the prefetch is issued).
-  bool prefetch_first_wave_only = false;
-  int64_t prefetch_ctas = INT64_MAX;
+  // Staged kernel with several passes: thread 0 asks for an L2 prefetch of the later passes' rows
+  // right after issuing the first pass's copy, so the whole head is on its way from DRAM at once
+  // while the shared-memory buffer holds one pass.
+  bool prefetch_next_pass = false;
   // kPrefill: initial state (null = zeros), dense or indexed; final state likewise.
   const void* initial_state = nullptr;
   const int32_t* initial_state_indices = nullptr;

@@ -247,6 +247,16 @@ const char* variant_name(Variant v) {
 // 3-13 %. The switch point between 1024 and 3072 was not measured more finely.
 constexpr int64_t kWideMinCtas = 1024;
 
+// NOTE: a whole 128-row head per CTA (staged64x2, two 64-row passes through one buffer) beats one
+// 64-row slice per CTA once its grid is several waves (6 CTAs x 132 SMs): H200 2026-12-01, same
+// process (us, staged64x2+pdl against staged64+pdl): fp32 H32 B128 147.1 / 149.8, H32 B512 556.3 /
+// 562.8, H96 B128 415.7 / 425.2, H96 B512 1630.6 / 1663.3; bf16 H32 B32 22.3 / 23.8, H32 B512 306.4
+// / 356.2, H96 B512 892.8 / 1029.9 (one slot index and one token preprocessing per head, the second
+// pass's rows copied as soon as a warp has stored the first's). At 3072 slices (H96 B8 bf16) 18.7 /
+// 19.3; at 1024 (H32 B8 bf16, 256 x2 CTAs) it loses, 9.4 / 8.1; 2048 was not measured. fp32 grids up
+// to 12672 slices go to the direct kernel.
+constexpr int64_t kWidePassesMinSlices = 3072;
+
 // NOTE: the direct kernel has the shortest chain per CTA and wins while the whole grid is about
 // one wave of loads (B = 1: 128 / 384 slices at H = 32 / 96). The ring kernels of
 // docs/design/20261130-decode-fast.md (persistent, 192 KB of bulk copies per SM in flight) lost
@@ -276,6 +286,13 @@ constexpr bool kDefaultPdl = true;
 // index round trip twice). So it is on by default only there (choose_variant);
 // KDAKIT_DECODE_PREFETCH=0 / 1 forces it.
 
+// NOTE: staged64x2's L2 prefetch of its second pass right after the first pass's copy (the whole
+// head requested from DRAM at once; KDAKIT_DECODE_PREFETCH_NEXT=0 / 1 forces it) is on by default
+// for bf16 pools only. H200 2026-12-01, same process (us, with / without): bf16 H32 B128 80.5 /
+// 83.3, H32 B512 291.7 / 304.2, H96 B128 217.7 / 228.2, H96 B512 834.8 / 887.0; fp32 H32 B128
+// 147.3 / 146.9, H32 B512 556.5 / 554.3, H96 B128 414.6 / 414.8, H96 B512 1623.5 / 1625.2 (a wash).
+bool default_prefetch_next(DType dtype_state) { return dtype_state != DType::kFloat32; }
+
 bool is_fast(Variant v) { return v == Variant::kDirect32 || v == Variant::kDirect16; }
 bool is_staged(Variant v) {
   return v == Variant::kStagedSingle || v == Variant::kStagedSingleWide || v == Variant::kStagedSingleWidePasses ||
@@ -302,7 +319,7 @@ struct Choice {
   Variant variant = Variant::kRegisters;
   bool pdl = false;
   bool prefetch = false;  // with pdl: the L2 prefetch before griddepcontrol.wait (direct, staged)
-  bool prefetch_first_wave = false;  // staged, with prefetch: only the CTAs of the grid's first wave
+  bool prefetch_next = false;  // staged64x2: the L2 prefetch of the second pass's rows
 };
 
 bool env_flag(const char* name, bool fallback) {
@@ -327,8 +344,10 @@ Choice choose_variant(const RecurrentKernelParams& k, bool fast, DType dtype_sta
   }
   if (!chosen && staged_fits(k, dtype_state, layout)) {
     if (single_token(k)) {
-      c.variant = wide_fits(k, dtype_state, layout, head_dim) && slices32 > kWideMinCtas ? Variant::kStagedSingleWide
-                                                                                          : Variant::kStagedSingle;
+      const bool wide = wide_fits(k, dtype_state, layout, head_dim) && slices32 > kWideMinCtas;
+      c.variant = !wide                            ? Variant::kStagedSingle
+                  : slices32 >= kWidePassesMinSlices ? Variant::kStagedSingleWidePasses
+                                                    : Variant::kStagedSingleWide;
     } else if (k.cu_seqlens != nullptr && k.seqlen <= k.num_seqs) {
       c.variant = Variant::kStagedMulti;
     }
@@ -354,13 +373,7 @@ Choice choose_variant(const RecurrentKernelParams& k, bool fast, DType dtype_sta
   // would sit on the chain); the launchers rely on that.
   c.pdl = pdl_capable(c.variant) && env_flag("KDAKIT_DECODE_PDL", kDefaultPdl);
   c.prefetch = c.pdl && env_flag("KDAKIT_DECODE_PREFETCH", small && is_fast(c.variant));
-  // KDAKIT_DECODE_PREFETCH=w: the staged kernel's first wave only (the CTAs that can be resident
-  // while the previous kernel finishes; later CTAs start after it and would pay the extra index
-  // round trip for nothing). The direct kernel takes it as off.
-  if (const char* v = std::getenv("KDAKIT_DECODE_PREFETCH"); c.prefetch && v != nullptr && v[0] == 'w') {
-    c.prefetch = is_staged(c.variant);
-    c.prefetch_first_wave = c.prefetch;
-  }
+  c.prefetch_next = c.variant == Variant::kStagedSingleWidePasses && env_flag("KDAKIT_DECODE_PREFETCH_NEXT", default_prefetch_next(dtype_state));
   return c;
 }
 
@@ -403,7 +416,7 @@ Status launch(const RecurrentKernelParams& k, const recurrent::FastDecodeParams*
   }
   RecurrentKernelParams ks = k;
   ks.prefetch_before_wait = choice.prefetch;
-  ks.prefetch_first_wave_only = choice.prefetch_first_wave;
+  ks.prefetch_next_pass = choice.prefetch_next;
   auto staged = [&]<class StateT, bool kSingle>() -> Status {
     if (head_dim == 128) return recurrent::launch_staged<StateT, 128, kSingle, 1>(ks, stream, pdl);
     return recurrent::launch_staged<StateT, 64, kSingle, 1>(ks, stream, pdl);

@@ -720,7 +720,7 @@ __global__ void __launch_bounds__(kThreads, staged_min_ctas_per_sm(kSingleToken)
 
   // --- 0. with PDL: aim an L2 prefetch of the slice while the previous kernel finishes (the
   // index is re-read after the wait); then wait for it and let the next grid launch.
-  if (p.prefetch_before_wait && threadIdx.x == 0 && int64_t(cta) < p.prefetch_ctas) {
+  if (p.prefetch_before_wait && threadIdx.x == 0) {
     const int64_t guess = kdakit::cuda::ptx::load_relaxed_gpu(p.state_indices + n * p.stride_state_indices_n);
     if (slot_valid(guess, p.num_pool_slots, p.null_slot_is_padding)) {
       kdakit::cuda::ptx::bulk_prefetch_l2(
@@ -767,6 +767,13 @@ __global__ void __launch_bounds__(kThreads, staged_min_ctas_per_sm(kSingleToken)
   // copy consecutive chunks of the whole slice (one group, a CTA barrier before the math).
   {
     const char* src = reinterpret_cast<const char*>(block);
+    if constexpr (kPasses > 1) {
+      // The later passes' rows, on their way into L2 while this pass computes (their cp.async
+      // copies are issued only as each warp frees its rows of the buffer).
+      if (p.prefetch_next_pass && threadIdx.x == 0) {
+        kdakit::cuda::ptx::bulk_prefetch_l2(src + Staged::kSliceBytes, uint32_t((kPasses - 1) * Staged::kSliceBytes));
+      }
+    }
     if constexpr (kWarpLoads) {
 #pragma unroll
       for (int g = 0; g < kGroups; ++g) {
@@ -932,19 +939,8 @@ Status launch_staged(const RecurrentKernelParams& p, cudaStream_t stream, bool p
                                               ": setting the shared-memory carveout failed: " +
                                               cudaGetErrorString(carveout));
   }
-  RecurrentKernelParams kp = p;
-  if (p.prefetch_before_wait && p.prefetch_first_wave_only) {
-    // The first wave: resident CTAs per SM (occupancy, read once per device) x SMs.
-    static kdakit::cuda::PerDeviceValue per_sm_cache;
-    const int device = kdakit::cuda::current_device();
-    const int per_sm = per_sm_cache.get(device, 1, [&] {
-      int n = 0;
-      return cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, kThreads, smem_bytes) == cudaSuccess ? n : 0;
-    });
-    kp.prefetch_ctas = int64_t{per_sm} * kdakit::cuda::current_device_sm_count(132);
-  }
   return launch_pdl_kernel(kernel, "kda_decode_sm90_staged_kernel", dim3(unsigned(ctas)), kThreads, smem_bytes, stream,
-                           pdl, kp);
+                           pdl, p);
 }
 
 }  // namespace kdakit::sm90::recurrent
