@@ -590,7 +590,7 @@ __global__ void __launch_bounds__(kThreads, 2) kda_prefill_prep_sm90_kernel(cons
   // shared memory (the T diag(beta) tiles' space, unused until phase 4: Plan::kWideStage*), so
   // the L2 round trips are one per round of kWideStagePairs pairs instead of one per few
   // channels per sub-block; the sums are then read from shared memory, in the same order and
-  // with the same arithmetic as before (bit-identical results).
+  // with the same arithmetic as before.
   uint32_t any_wide = 0;
 #pragma unroll
   for (int i = 0; i < kSubBlocks * 4; ++i) any_wide |= mask[i];
