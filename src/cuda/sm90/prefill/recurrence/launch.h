@@ -47,7 +47,15 @@ static_assert(recurrence_value_rows(1, 4, 132) == 16, "few heads: 16 value rows 
 // NOTE: one CTA per SM at every value-row count (shared memory), and a chunk costs a CTA about
 // 2.1 / 2.2 / 2.4 / 3.9 us at 16 / 32 / 64 / 128 value rows (docs/design/20261129-prefill-
 // recurrence.md, H4-H96). A summary CTA skips the output's products and stores (~25% fewer
-// MMAs). The combine pass costs about 1.5 us per segment, each extra launch ~3 us.
+// MMAs). The combine pass costs about 7 us per segment in a sequence's chain (fitted to the
+// session-9 sweep below), each extra launch ~3 us.
+// NOTE: the combine cost was 1.5 us per segment until the H200 sweep of forced choices
+// (scripts/gpu_segment_sweep.sh, 2026-12-01, ms of the whole call): halving the segments saved
+// far more than the model said, H4-T32K 16:64:64 0.666 against 32:64:64 0.557 (109 us for 16
+// fewer segments), H4 32K + 8 x 1K 16:128:128 0.742 against 32:128:128 0.608 (134 us for 20),
+// i.e. 6.8 and 8.7 us per segment. With 7 us the model's pick is within 1.4% of the fastest forced
+// choice on all six few-head rows (H4-T8K, -T32K, -T128K, 32K + 8 x 1K, H8-T32K, H16-T32K); with
+// 1.5 it took 16-chunk segments for the packed row, 22% slower than the best.
 struct SegmentChoice {
   int32_t segment_chunks = 0;  // 0: whole sequences
   int summary_rows = 128;
@@ -55,6 +63,8 @@ struct SegmentChoice {
   double predicted_us = 0;
   double unsegmented_us = 0;
 };
+
+constexpr double kCombineUsPerSegment = 7.0;
 
 constexpr double recurrence_chunk_us(int rows) {
   return rows <= 16 ? 2.1 : rows <= 32 ? 2.2 : rows <= 64 ? 2.4 : 3.9;
@@ -107,7 +117,7 @@ constexpr SegmentChoice choose_segments(int64_t batch, int64_t seqlen, int64_t n
                                num_sms);
       if (t < rec) { rec = t; c.rows = r; }
     }
-    c.predicted_us = summary + rec + 1.5 * double(per_seq - 1) + 6.0;
+    c.predicted_us = summary + rec + kCombineUsPerSegment * double(per_seq - 1) + 6.0;
     c.unsegmented_us = best.unsegmented_us;
     if (c.predicted_us < best.predicted_us) best = c;
   }
@@ -129,6 +139,9 @@ static_assert(choose_segments(1, 8192, 8, true, 96, 132).segment_chunks == 0, "H
 static_assert(choose_segments(1, 8192, 9, true, 96, 132).segment_chunks == 0, "H96 4096+8x512");
 static_assert(choose_segments(1, 8192, 6, true, 64, 132).segment_chunks == 0, "H64 mixed: whole sequences");
 static_assert(choose_segments(1, 8192, 8, true, 32, 132).segment_chunks == 0, "H32 1024x8: whole sequences");
-static_assert(choose_segments(1, 40960, 9, true, 4, 132).segment_chunks > 0, "H4 32K + 8 x 1K: segments");
+static_assert(choose_segments(1, 40960, 9, true, 4, 132).segment_chunks == 32, "H4 32K + 8 x 1K: 32-chunk segments");
+static_assert(choose_segments(1, 32768, 1, false, 4, 132).segment_chunks == 32, "H4 T=32K: 32-chunk segments");
+static_assert(choose_segments(1, 131072, 1, false, 4, 132).segment_chunks == 128, "H4 T=128K: 128-chunk segments");
+static_assert(choose_segments(1, 32768, 1, false, 8, 132).segment_chunks == 64, "H8 T=32K: 64-chunk segments");
 
 }  // namespace kdakit::sm90::prefill
