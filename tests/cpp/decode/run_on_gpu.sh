@@ -46,6 +46,8 @@ if [ "$run_tests" = 1 ]; then
   memcheck_filter+=':*/packed_int64_cu__direct32:*/gva_h2_hv10_bf16_padding__staged64_pdl_pf'
   memcheck_filter+=':*/head_dim_64_bf16_gva_padding__direct16:*/staged_packed_token_loop_bf16__staged_pdl'
   memcheck_filter+=':Variants/DecodeKernelGraph.*/direct32_pdl:Variants/DecodeKernelGraph.*/staged64_pdl_pf'
+  memcheck_filter+=':*/padding_rows__staged64x2_pdl:*/gva_h2_hv10_bf16_padding__staged64x2_pdl'
+  memcheck_filter+=':*/gva_h2_hv10_bf16_padding__staged64x2_pdl_pfn'
   SECONDS=0
   timeout 180 compute-sanitizer --tool memcheck --leak-check no "$bin" --gtest_filter="$memcheck_filter" \
     >"$out/memcheck_decode.log" 2>&1
@@ -53,7 +55,7 @@ if [ "$run_tests" = 1 ]; then
     tee -a "$summary"
   SECONDS=0
   timeout 120 compute-sanitizer --tool racecheck "$bin" \
-    --gtest_filter='*/padding_rows__staged_pdl_pf:*/padding_rows__staged64:*/padding_rows__direct32' \
+    --gtest_filter='*/padding_rows__staged_pdl_pf:*/padding_rows__staged64:*/padding_rows__direct32:*/padding_rows__staged64x2_pdl_pfn' \
     >"$out/racecheck_decode.log" 2>&1
   echo "racecheck decode rc=$? ${SECONDS}s $(grep -E 'RACECHECK SUMMARY' "$out/racecheck_decode.log" | tail -1)" |
     tee -a "$summary"
