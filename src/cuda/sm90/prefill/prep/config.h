@@ -106,16 +106,7 @@ struct SharedMemoryPlan {
   // row & 7), after L and T.
   static constexpr size_t kTbHiOffset = kTOffset + kF32Tile;
   static constexpr size_t kTbLoOffset = kTbHiOffset + size_t(kChunk) * kChunk * 2;
-  // Phase 3's wide-span operands (fp32 [pairs][16 rows][b2, k, q]), gathered into the space of the
-  // T diag(beta) tiles and the rest of kB, none of which is read or written between the L/M
-  // products and phase 4.
-  static constexpr size_t kWideStageOffset = kTbHiOffset;
-  static constexpr size_t kWideStagePairBytes = size_t(kSubBlock) * 3 * 4;
 };
-// (sub-block, wide channel) pairs per gather round of phase 3: 202
-inline constexpr int kWideStagePairs =
-    int((SharedMemoryPlan::kRowScaleOffset - SharedMemoryPlan::kWideStageOffset) / SharedMemoryPlan::kWideStagePairBytes);
-static_assert(kWideStagePairs >= kSubBlocks, "a gather round must hold at least one pair per sub-block");
 static_assert(SharedMemoryPlan::kNormOffset + 2 * kWarps * kChunk * 4 <= SharedMemoryPlan::kRowScaleOffset,
               "norm partials must fit in the kB space");
 static_assert(SharedMemoryPlan::kTbLoOffset + kChunk * kChunk * 2 <= SharedMemoryPlan::kRowScaleOffset,

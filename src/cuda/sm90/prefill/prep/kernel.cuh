@@ -585,66 +585,41 @@ __global__ void __launch_bounds__(kThreads, 2) kda_prefill_prep_sm90_kernel(cons
   __syncthreads();
   // Per-element diagonal-tile terms of wide-span channels: thread (rl, sl) owns entry (rl, sl)
   // of every diagonal tile, and adds the terms of its flagged channels in channel order.
-  // NOTE: the operands of every (sub-block, wide channel) pair, its 16 rows' b2 (the scratch
-  // phase 1c wrote), normalised k and scaled q, are first gathered by all threads at once into
-  // shared memory (the T diag(beta) tiles' space, unused until phase 4: Plan::kWideStage*), so
-  // the L2 round trips are one per round of kWideStagePairs pairs instead of one per few
-  // channels per sub-block; the sums are then read from shared memory, in the same order and
-  // with the same arithmetic as before.
   uint32_t any_wide = 0;
 #pragma unroll
   for (int i = 0; i < kSubBlocks * 4; ++i) any_wide |= mask[i];
   if (any_wide != 0u) {
     const int rl = tid >> 4, sl = tid & 15;
     const float* scratch = reinterpret_cast<const float*>(blk + Layout::kU0Offset);
-    float* stage = reinterpret_cast<float*>(smem + Plan::kWideStageOffset);  // [pair][16 rows][b2, k, q]
-    // Pairs of sub-block Rb: [first(Rb), first(Rb + 1)), sub-block after sub-block.
-    // NOTE: scalars and selects, not an array indexed by a runtime Rb (that went to the stack).
-    const int f1 = wide_count[0], f2 = f1 + wide_count[1], f3 = f2 + wide_count[2], f4 = f3 + wide_count[3];
-    auto first = [&](int Rb) { return Rb == 0 ? 0 : Rb == 1 ? f1 : Rb == 2 ? f2 : Rb == 3 ? f3 : f4; };
-    float dl[kSubBlocks], dm[kSubBlocks];
-#pragma unroll
-    for (int Rb = 0; Rb < kSubBlocks; ++Rb) dl[Rb] = dm[Rb] = 0.f;
-    for (int base = 0; base < f4; base += kWideStagePairs) {
-      const int n = min(kWideStagePairs, f4 - base);
-#pragma unroll 4
-      for (int x = tid; x < n * kSubBlock; x += kThreads) {
-        const int pair = base + x / kSubBlock, row = x % kSubBlock;
-        const int Rb = pair < f1 ? 0 : pair < f2 ? 1 : pair < f3 ? 2 : 3;
-        const int i = wide_list[Rb * kHeadDim + pair - first(Rb)];
-        const int r = kSubBlock * Rb + row;
-        float b2v = 0.f, kv = 0.f, qv = 0.f;
-        if (r < len) {  // rows past the chunk are never read (their entries are not written)
-          b2v = __ldcg(scratch + r * kHeadDim + i);
-          kv = __bfloat162float(kg[int64_t(r) * p.stride_k_t + i]) * row_k[r];
-          qv = __bfloat162float(qg[int64_t(r) * p.stride_q_t + i]) * row_q[r];
-        }
-        float* rec = stage + 3 * x;
-        rec[0] = b2v;
-        rec[1] = kv;
-        rec[2] = qv;
-      }
-      __syncthreads();
-#pragma unroll
-      for (int Rb = 0; Rb < kSubBlocks; ++Rb) {
-        const int lo = max(first(Rb), base), hi = min(first(Rb + 1), base + n);
-        const bool strict = sl < rl;
-        for (int pair = lo; pair < hi; ++pair) {
-          const float* rec = stage + 3 * kSubBlock * (pair - base);
-          const float e = fast_exp2(rec[3 * rl] - rec[3 * sl]);
-          const float kr = rec[3 * rl + 1], ksv = rec[3 * sl + 1], qr = rec[3 * rl + 2];
-          if (strict) dl[Rb] += kr * ksv * e;
-          dm[Rb] += qr * ksv * e;
-        }
-      }
-      __syncthreads();  // the next round rewrites the stage
-    }
-#pragma unroll
     for (int Rb = 0; Rb < kSubBlocks; ++Rb) {
       const int r = kSubBlock * Rb + rl, s = kSubBlock * Rb + sl;
       if (sl > rl || r >= len) continue;
-      Lf[r * Plan::kLdF + s] += dl[Rb];
-      Tf[r * Plan::kLdF + s] += dm[Rb];
+      float dl = 0.f, dm = 0.f;
+      // NOTE: a counted loop over the channel list (ascending, the order of the old bit walk),
+      // unrolled so that several channels' loads (L2: the scratch b2 this CTA wrote, q and k)
+      // are in flight at once; a walk over the mask bits issued one channel at a time, which
+      // cost the softplus gate's inputs ~30% of the whole prefill (docs/benchmarks.md).
+      const uint8_t* list = wide_list + Rb * kHeadDim;
+      const int count = wide_count[Rb];
+      const float* sr = scratch + r * kHeadDim;
+      const float* ss = scratch + s * kHeadDim;
+      const __nv_bfloat16* kr_row = kg + int64_t(r) * p.stride_k_t;
+      const __nv_bfloat16* ks_row = kg + int64_t(s) * p.stride_k_t;
+      const __nv_bfloat16* qr_row = qg + int64_t(r) * p.stride_q_t;
+      const float rk = row_k[r], rks = row_k[s], rq = row_q[r];
+      const bool strict = sl < rl;
+#pragma unroll 4
+      for (int j = 0; j < count; ++j) {
+        const int i = list[j];
+        const float e = fast_exp2(__ldcg(sr + i) - __ldcg(ss + i));
+        const float kr = __bfloat162float(kr_row[i]) * rk;
+        const float ksv = __bfloat162float(ks_row[i]) * rks;
+        const float qr = __bfloat162float(qr_row[i]) * rq;
+        if (strict) dl += kr * ksv * e;
+        dm += qr * ksv * e;
+      }
+      Lf[r * Plan::kLdF + s] += dl;
+      Tf[r * Plan::kLdF + s] += dm;
     }
     __syncthreads();
   }
