@@ -669,6 +669,19 @@ __device__ __forceinline__ void cp_async_wait_pending(int pending) {
   }
 }
 
+// One commit group: the lane's 16-byte chunks of a warp's rows from row0 on (the same offsets
+// in the global slice `src` and in shared memory).
+template <int kLaneChunks, int kChunksPerRow, int kRowBytes>
+__device__ __forceinline__ void copy_warp_rows(char* smem_bytes, const char* src, int row0, int lane) {
+#pragma unroll
+  for (int i = 0; i < kLaneChunks; ++i) {
+    const int c = i * 32 + lane;
+    const int offset = (row0 + c / kChunksPerRow) * kRowBytes + (c % kChunksPerRow) * 16;
+    kdakit::cuda::cp_async_16(kdakit::cuda::smem_u32(smem_bytes + offset), src + offset);
+  }
+  kdakit::cuda::cp_async_commit();
+}
+
 // kE consecutive elements of a shared-memory row as fp32.
 template <int kE, class T>
 __device__ __forceinline__ void load_smem_row(const T* p, float (&out)[kE]) {
@@ -777,14 +790,8 @@ __global__ void __launch_bounds__(kThreads, staged_min_ctas_per_sm(kSingleToken)
     if constexpr (kWarpLoads) {
 #pragma unroll
       for (int g = 0; g < kGroups; ++g) {
-        const int row0 = g * kValuesPerCta + warp * kRowsPerWarp;
-#pragma unroll
-        for (int i = 0; i < kLaneChunksPerGroup; ++i) {
-          const int c = i * 32 + lane;
-          const int offset = (row0 + c / kChunksPerRow) * kRowBytes + (c % kChunksPerRow) * 16;
-          kdakit::cuda::cp_async_16(kdakit::cuda::smem_u32(smem_bytes + offset), src + offset);
-        }
-        kdakit::cuda::cp_async_commit();
+        copy_warp_rows<kLaneChunksPerGroup, kChunksPerRow, kRowBytes>(smem_bytes, src,
+                                                                       g * kValuesPerCta + warp * kRowsPerWarp, lane);
       }
     } else {
 #pragma unroll
@@ -896,14 +903,8 @@ __global__ void __launch_bounds__(kThreads, staged_min_ctas_per_sm(kSingleToken)
         // lane is done reading the buffer once the warp is past the barrier).
         if (pass + 1 < kPasses) {
           __syncwarp();
-          const char* src = reinterpret_cast<const char*>(pass_block + int64_t(kBufferRows) * kHeadDim);
-#pragma unroll
-          for (int i = 0; i < kLaneChunksPerGroup; ++i) {
-            const int c = i * 32 + lane;
-            const int offset = (row0 + c / kChunksPerRow) * kRowBytes + (c % kChunksPerRow) * 16;
-            kdakit::cuda::cp_async_16(kdakit::cuda::smem_u32(smem_bytes + offset), src + offset);
-          }
-          kdakit::cuda::cp_async_commit();
+          copy_warp_rows<kLaneChunksPerGroup, kChunksPerRow, kRowBytes>(
+              smem_bytes, reinterpret_cast<const char*>(pass_block + int64_t(kBufferRows) * kHeadDim), row0, lane);
         }
       }
     }
