@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <string>
 #include <utility>
 #include <vector>
@@ -150,7 +151,7 @@ TEST_P(PrefillSegmentsGpu, AccuracyEqualsWholeSequences) {
   Rng rng = make_rng();
   SCOPED_TRACE(c.name + ", " + rng.trace());
   PrefillTensors model = make_prefill_tensors(c, rng);
-  PrefillTensors again = model, short_segs = model, whole = model, ref = model;
+  PrefillTensors again = model, short_segs = model, short_whole_combine = model, whole = model, ref = model;
 
   // the segment length each run takes (the dispatcher's choice for these sizes)
   const PrefillParams sizes = fill_prefill_params(c, model, host_pointers(model));
@@ -162,6 +163,11 @@ TEST_P(PrefillSegmentsGpu, AccuracyEqualsWholeSequences) {
   sm90::set_prefill_segments(2, 32);
   const int32_t ls_short = sm90::prefill_segment_chunks(sizes);
   const Status st_short = run_prefill_on_gpu(c, short_segs);
+  // the same segments through the one-CTA-per-head combine kernel (the default splits each head's
+  // rows over a cluster; the products and their order are the same, so the results must be too)
+  setenv("KDAKIT_PREFILL_COMBINE", "whole", 1);
+  const Status st_short_whole_combine = run_prefill_on_gpu(c, short_whole_combine);
+  unsetenv("KDAKIT_PREFILL_COMBINE");
   sm90::set_prefill_segments(0);
   const int32_t ls_whole = sm90::prefill_segment_chunks(sizes);
   const Status st_whole = run_prefill_on_gpu(c, whole);
@@ -171,7 +177,8 @@ TEST_P(PrefillSegmentsGpu, AccuracyEqualsWholeSequences) {
   EXPECT_EQ(ls_whole, 0);
   sm90::set_prefill_segments(-1);
   sm90::set_prefill_path(sm90::PrefillPath::kAuto);
-  for (const Status* st : {&st_model, &st_again, &st_short, &st_whole}) ASSERT_TRUE(st->ok()) << st->message();
+  for (const Status* st : {&st_model, &st_again, &st_short, &st_short_whole_combine, &st_whole})
+    ASSERT_TRUE(st->ok()) << st->message();
   ASSERT_TRUE(run_reference_fp32_output(c, ref).ok());
 
   const HostTensor& fs_ref = final_state_of(c, ref);
@@ -208,6 +215,12 @@ TEST_P(PrefillSegmentsGpu, AccuracyEqualsWholeSequences) {
       EXPECT_LE(ec, 1.1 * ec_whole + 1e-4) << "chunk states " << ec << " vs whole " << ec_whole;
     }
   }
+  EXPECT_TRUE(bitwise_equal("o (whole-head combine)", short_whole_combine.o, short_segs.o));
+  EXPECT_TRUE(bitwise_equal("final state (whole-head combine)", final_state_of(c, short_whole_combine),
+                            final_state_of(c, short_segs)));
+  if (short_segs.chunk_states.defined())
+    EXPECT_TRUE(bitwise_equal("chunk states (whole-head combine)", short_whole_combine.chunk_states,
+                              short_segs.chunk_states));
   EXPECT_TRUE(bitwise_equal("o (second run)", again.o, model.o));
   EXPECT_TRUE(bitwise_equal("final state (second run)", final_state_of(c, again), final_state_of(c, model)));
   if (model.chunk_states.defined())

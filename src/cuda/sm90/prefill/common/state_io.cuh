@@ -72,16 +72,17 @@ inline StateParams state_params(const PrefillParams& p) {
 // ---- state fragments ------------------------------------------------------------------------
 // Thread (group, quad) of a warp owning value rows vrow .. vrow + 15 holds, in tile j (key
 // channels 8 j .. 8 j + 7): S^T[vrow + group][8 j + 2 quad + {0, 1}] in c0, c1 and the same
-// for vrow + group + 8 in c2, c3.
-template <class P>
-__device__ __forceinline__ void load_state(float (&s)[16][4], const void* base, int vrow, int quad,
-                                           const P& p) {
+// for vrow + group + 8 in c2, c3. kTiles < 16: tiles tile0 .. tile0 + kTiles - 1 only (a warp
+// that owns a column block of the rows).
+template <int kTiles, class P>
+__device__ __forceinline__ void load_state(float (&s)[kTiles][4], const void* base, int vrow, int quad,
+                                           const P& p, int tile0 = 0) {
   #pragma unroll
-  for (int j = 0; j < 16; ++j) {
+  for (int j = 0; j < kTiles; ++j) {
     #pragma unroll
     for (int half = 0; half < 2; ++half) {
       const int v = vrow + 8 * half;
-      const int k = 8 * j + 2 * quad;
+      const int k = 8 * (tile0 + j) + 2 * quad;
       float x0, x1;
       if (p.k_first) {
         const int64_t i0 = int64_t(k) * kHeadDim + v, i1 = i0 + kHeadDim;
@@ -122,15 +123,15 @@ __device__ __forceinline__ void load_state(float (&s)[16][4], const void* base, 
   }
 }
 
-template <class P>
-__device__ __forceinline__ void store_state(const float (&s)[16][4], void* base, int vrow, int quad,
-                                            const P& p) {
+template <int kTiles, class P>
+__device__ __forceinline__ void store_state(const float (&s)[kTiles][4], void* base, int vrow, int quad,
+                                            const P& p, int tile0 = 0) {
   #pragma unroll
-  for (int j = 0; j < 16; ++j) {
+  for (int j = 0; j < kTiles; ++j) {
     #pragma unroll
     for (int half = 0; half < 2; ++half) {
       const int v = vrow + 8 * half;
-      const int k = 8 * j + 2 * quad;
+      const int k = 8 * (tile0 + j) + 2 * quad;
       const float x0 = s[j][2 * half], x1 = s[j][2 * half + 1];
       if (p.k_first) {
         const int64_t i0 = int64_t(k) * kHeadDim + v, i1 = i0 + kHeadDim;

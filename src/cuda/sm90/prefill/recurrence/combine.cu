@@ -12,10 +12,24 @@
 // swizzled image the summary pass wrote), three passes (hi hi, lo hi, hi lo): ~2^-16 relative
 // per term, so the chain adds no error beside the recurrence's own. Phi_{s+1} lands by a bulk
 // copy while segment s is multiplied.
+//
+// kda_prefill_combine_split_sm90_kernel (the default; KDAKIT_PREFILL_COMBINE=whole runs the one
+// above): the same products, spread over a cluster of kRowBlocks CTAs per (n, h). Rows of S^T
+// are independent (S_{s+1}^T[v] = S_s^T[v] Phi_s + Psi_s[v]), so CTA r owns value rows
+// 16 r .. 16 r + 15, and its warp w owns key tiles 2 w, 2 w + 1 of them: 48 mma per warp and
+// segment instead of 384, the chain's step shortened about eightfold in MMAs. The price is one
+// exchange per segment: warp w's two tiles, split into bf16 hi + lo, are exactly the A fragment
+// of k-step w, so each warp writes its fragment to shared memory and, after a CTA barrier, reads
+// all eight. Every CTA streams the whole Phi_s (64 KB per segment). Accumulation order per
+// output element is that of the whole-head kernel, so the two agree bit for bit. The cluster
+// exists for one barrier: S_0 overwrites Phi_0's global copy only after every CTA of the
+// (n, h) has Phi_0 in its shared memory.
 #include <cuda.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include <cstdlib>
+#include <cstring>
 #include <string>
 
 #include "cuda/common/device_setup.cuh"
@@ -155,6 +169,145 @@ __global__ void __launch_bounds__(kThreads, 1) kda_prefill_combine_sm90_kernel(c
   }
 }
 
+constexpr int kRowBlocks = kHeadDim / 16;          // CTAs per (n, h), one cluster
+constexpr int kSplitTiles = 2;                       // key tiles (of 8) per warp
+constexpr size_t kExchangeOffset = kBarrierOffset + 2 * 8 + 112;  // 16-byte aligned after the barriers
+constexpr size_t kExchangeBytes = size_t(kWarps) * 2 * 4 * 32 * 4;  // [k-step][hi, lo][reg][lane] u32
+constexpr size_t kSplitAllocBytes = kExchangeOffset + kExchangeBytes + 128;
+static_assert(kWarps * kSplitTiles * 8 == kHeadDim, "the warps' tiles cover the key channels");
+static_assert(kExchangeOffset % 16 == 0, "the exchange buffer is read as 16-byte vectors");
+
+__global__ void __launch_bounds__(kThreads, 1)
+    kda_prefill_combine_split_sm90_kernel(const __grid_constant__ CombineParams p) {
+  extern __shared__ uint8_t smem_raw[];
+  uint8_t* smem = smem_raw + ((128u - (ptx::smem_addr(smem_raw) & 127u)) & 127u);
+  uint64_t* full = reinterpret_cast<uint64_t*>(smem + kBarrierOffset);
+  uint32_t* exchange = reinterpret_cast<uint32_t*>(smem + kExchangeOffset);
+
+  const int HV = p.num_v_heads;
+  const int rb = int(blockIdx.x % unsigned(kRowBlocks));  // the cluster's CTAs are consecutive
+  const int pair = int(blockIdx.x / unsigned(kRowBlocks));
+  const int h = pair % HV;
+  const int n = pair / HV;
+  int c0 = p.chunk_offsets[n];
+  int nc = p.chunk_offsets[n + 1] - c0;
+  c0 = max(0, min(c0, int(p.max_chunks)));
+  nc = max(0, min(nc, int(p.max_chunks) - c0));
+  const int ls = p.segment_chunks;
+  const int nseg = max(1, (nc + ls - 1) / ls);
+  if (nseg < 2) return;  // the whole cluster returns: same (n, h)
+  const int full_segments = nseg - 1;
+
+  auto area = [&](int s) {
+    const int64_t slot = segment_slot(c0, s, ls);
+    return p.segments + (size_t(slot) * HV + h) * kSegmentBytes;
+  };
+  auto issue = [&](int s) {
+    const int b = s & 1;
+    uint8_t* buf = smem + b * kBufferBytes;
+    const uint8_t* src = area(s);
+    ptx::mbarrier_arrive_expect_tx(&full[b], 2 * kPhiBytes);
+    ptx::bulk_load(buf, src + SegmentLayout::kPhiHiOffset, kPhiBytes, &full[b]);
+    ptx::bulk_load(buf + kPhiBytes, src + SegmentLayout::kPhiLoOffset, kPhiBytes, &full[b]);
+  };
+  if (threadIdx.x == 0) {
+    ptx::mbarrier_init(&full[0], 1);
+    ptx::mbarrier_init(&full[1], 1);
+    ptx::fence_barrier_init();
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    issue(0);
+    if (full_segments > 1) issue(1);
+  }
+
+  const int warp = threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  const int group = lane / 4;
+  const int quad = lane % 4;
+  const int vrow = rb * 16 + group;
+  const int tile0 = warp * kSplitTiles;
+  const int ldt_row = (lane % 8) + 8 * ((lane / 8) % 2);
+  const int ldt_chunk = lane / 16;
+
+  float state[kSplitTiles][4];
+  {
+    const void* init = common::initial_state_of(p, n, h);
+    if (init != nullptr) {
+      common::load_state(state, init, vrow, quad, p, tile0);
+    } else {
+      #pragma unroll
+      for (int j = 0; j < kSplitTiles; ++j) state[j][0] = state[j][1] = state[j][2] = state[j][3] = 0.f;
+    }
+  }
+
+  for (int s = 0; s < full_segments; ++s) {
+    const int b = s & 1;
+    uint8_t* seg = area(s);
+    float acc[kSplitTiles][4];
+    common::load_state(acc, seg + SegmentLayout::kPsiOffset, vrow, quad, common::segment_state_view(), tile0);
+
+    // This warp's tiles are the A fragment of k-step `warp`: publish it (hi, lo), then read all.
+    {
+      uint32_t hi[4], lo[4];
+      ptx::split_bf16(state[0][0], state[0][1], hi[0], lo[0]);
+      ptx::split_bf16(state[0][2], state[0][3], hi[1], lo[1]);
+      ptx::split_bf16(state[1][0], state[1][1], hi[2], lo[2]);
+      ptx::split_bf16(state[1][2], state[1][3], hi[3], lo[3]);
+      uint32_t* mine = exchange + warp * 2 * 4 * 32;
+      #pragma unroll
+      for (int r = 0; r < 4; ++r) {
+        mine[r * 32 + lane] = hi[r];
+        mine[(4 + r) * 32 + lane] = lo[r];
+      }
+    }
+    ptx::mbarrier_wait(&full[b], (s >> 1) & 1);
+    if (s == 0) {
+      // Phi_0 is in every CTA's shared memory once the whole cluster is past this barrier: its
+      // global copy becomes segment 0's start state.
+      ptx::cluster_sync();
+      common::store_state(state, seg + SegmentLayout::kPhiHiOffset, vrow, quad, common::segment_state_view(), tile0);
+    } else {
+      __syncthreads();  // the exchange buffer holds every warp's fragment
+    }
+
+    const uint32_t hi_base = ptx::smem_addr(smem + b * kBufferBytes);
+    const uint32_t lo_base = hi_base + kPhiBytes;
+    #pragma unroll
+    for (int ks = 0; ks < kWarps; ++ks) {
+      uint32_t a_hi[4], a_lo[4];
+      const uint32_t* frag = exchange + ks * 2 * 4 * 32;
+      #pragma unroll
+      for (int r = 0; r < 4; ++r) {
+        a_hi[r] = frag[r * 32 + lane];
+        a_lo[r] = frag[(4 + r) * 32 + lane];
+      }
+      uint32_t bh[4], bl[4];
+      ptx::ldmatrix_x4_trans(bh, phi_addr(hi_base, 16 * ks + ldt_row, 2 * warp + ldt_chunk));
+      ptx::ldmatrix_x4_trans(bl, phi_addr(lo_base, 16 * ks + ldt_row, 2 * warp + ldt_chunk));
+      ptx::mma_bf16_16816(acc[0], a_lo, bh[0], bh[1]);
+      ptx::mma_bf16_16816(acc[1], a_lo, bh[2], bh[3]);
+      ptx::mma_bf16_16816(acc[0], a_hi, bl[0], bl[1]);
+      ptx::mma_bf16_16816(acc[1], a_hi, bl[2], bl[3]);
+      ptx::mma_bf16_16816(acc[0], a_hi, bh[0], bh[1]);
+      ptx::mma_bf16_16816(acc[1], a_hi, bh[2], bh[3]);
+    }
+    // every warp has read buffer b and the exchange buffer: refill b with Phi_{s+2}
+    __syncthreads();
+    if (threadIdx.x == 0 && s + 2 < full_segments) {
+      ptx::fence_proxy_async_shared();
+      issue(s + 2);
+    }
+    // S_{s+1}: the start state of segment s + 1, over this CTA's part of Psi_s
+    common::store_state(acc, seg + SegmentLayout::kPsiOffset, vrow, quad, common::segment_state_view(), tile0);
+    #pragma unroll
+    for (int j = 0; j < kSplitTiles; ++j) {
+      #pragma unroll
+      for (int e = 0; e < 4; ++e) state[j][e] = acc[j][e];
+    }
+  }
+}
+
 }  // namespace
 }  // namespace kdakit::sm90::prefill::combine
 
@@ -175,19 +328,52 @@ Status launch_prefill_combine(const PrefillParams& p, const WorkspacePlan& plan,
   cp.num_segment_slots = plan.num_segment_slots;
   cp.segment_chunks = plan.segment_chunks;
 
-  static kdakit::cuda::PerDeviceOnce attr_once;  // per function and device (common/device_setup.cuh)
-  cudaError_t err = kdakit::cuda::set_up_once_per_device(attr_once, [] {
-    return cudaFuncSetAttribute(kda_prefill_combine_sm90_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                int(kAllocBytes));
-  });
-  const int64_t ctas = p.num_seqs * p.num_v_heads;
-  if (err == cudaSuccess) {
-    if (ctas > int64_t(INT32_MAX)) return Status(StatusCode::kUnsupported, "combine: N * HV must stay below 2^31");
-    kda_prefill_combine_sm90_kernel<<<unsigned(ctas), kThreads, kAllocBytes, stream>>>(cp);
-    err = cudaGetLastError();
+  // NOTE: KDAKIT_PREFILL_COMBINE=whole runs the one-CTA-per-head kernel (read on every call, for
+  // the A/B in one process); anything else, or unset, the row-split cluster kernel.
+  const char* choice = std::getenv("KDAKIT_PREFILL_COMBINE");
+  const bool whole = choice != nullptr && std::strcmp(choice, "whole") == 0;
+  const int64_t pairs = p.num_seqs * p.num_v_heads;
+  if (pairs * (whole ? 1 : kRowBlocks) > int64_t(INT32_MAX)) {
+    return Status(StatusCode::kUnsupported, "combine: N * HV * CTAs per head must stay below 2^31");
   }
-  if (err != cudaSuccess)
-    return Status(StatusCode::kCudaError, std::string("kda_prefill_combine_sm90_kernel: ") + cudaGetErrorString(err));
+  cudaError_t err = cudaSuccess;
+  if (whole) {
+    static kdakit::cuda::PerDeviceOnce attr_once;  // per function and device (common/device_setup.cuh)
+    err = kdakit::cuda::set_up_once_per_device(attr_once, [] {
+      return cudaFuncSetAttribute(kda_prefill_combine_sm90_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                  int(kAllocBytes));
+    });
+    if (err == cudaSuccess) {
+      kda_prefill_combine_sm90_kernel<<<unsigned(pairs), kThreads, kAllocBytes, stream>>>(cp);
+      err = cudaGetLastError();
+    }
+  } else {
+    static kdakit::cuda::PerDeviceOnce split_attr_once;
+    err = kdakit::cuda::set_up_once_per_device(split_attr_once, [] {
+      return cudaFuncSetAttribute(kda_prefill_combine_split_sm90_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                  int(kSplitAllocBytes));
+    });
+    if (err == cudaSuccess) {
+      cudaLaunchConfig_t config{};
+      config.gridDim = dim3(unsigned(pairs * kRowBlocks));
+      config.blockDim = dim3(kThreads);
+      config.dynamicSmemBytes = kSplitAllocBytes;
+      config.stream = stream;
+      cudaLaunchAttribute cluster{};
+      cluster.id = cudaLaunchAttributeClusterDimension;
+      cluster.val.clusterDim.x = kRowBlocks;
+      cluster.val.clusterDim.y = 1;
+      cluster.val.clusterDim.z = 1;
+      config.attrs = &cluster;
+      config.numAttrs = 1;
+      err = cudaLaunchKernelEx(&config, kda_prefill_combine_split_sm90_kernel, cp);
+    }
+  }
+  if (err != cudaSuccess) {
+    return Status(StatusCode::kCudaError, std::string(whole ? "kda_prefill_combine_sm90_kernel: "
+                                                            : "kda_prefill_combine_split_sm90_kernel: ") +
+                                              cudaGetErrorString(err));
+  }
   return Status::Ok();
 }
 
