@@ -70,6 +70,9 @@ CASES = [
     # of the 64-row staged kernel (bf16 pool) by default (dispatch.cu)
     ("many-items-fp32", 200, 1, 8, 8, 1, "float32", "v_first", False, 17),
     ("many-items-bf16", 200, 1, 8, 8, 1, "bfloat16", "v_first", False, 17),
+    # 1200 heads: more than a wave of staged64x2 (6 x 132 fp32 / 8 x 132 bf16 CTAs)
+    ("x2-waves-fp32", 400, 1, 3, 3, 1, "float32", "v_first", False, 41),
+    ("x2-waves-bf16", 400, 1, 3, 3, 1, "bfloat16", "v_first", False, 41),
 ]
 
 

@@ -503,6 +503,27 @@ std::vector<DecodeCase> decode_cases() {
   return cases;
 }
 
+// More than one wave of staged64x2 (1200 heads; a wave is 6 x 132 fp32 / 8 x 132 bf16 CTAs on the
+// H200; every grid of decode_cases is under one) and, with an fp32 pool, of the direct kernel (4800
+// 32-row CTAs, 5 x 132 per wave). Run under the variants that serve such grids only (wave_variants):
+// the pools are 39 / 20 MB, each run a second of host work.
+std::vector<DecodeCase> wave_cases() {
+  std::vector<DecodeCase> cases;
+  for (const DType pool : {DType::kFloat32, DType::kBFloat16}) {
+    DecodeCase c = base_case(pool == DType::kFloat32 ? "x2_waves_padding" : "x2_waves_bf16_padding");
+    c.batch = 400;
+    c.H = c.HV = 3;
+    c.padding_rows = 41;
+    c.dtype_state = pool;
+    cases.push_back(c);
+  }
+  return cases;
+}
+const std::vector<std::string>& wave_variants() {
+  static const std::vector<std::string> variants = {"auto", "staged64x2+pdl", "staged64x2+pdl+pfn", "direct32+pdl"};
+  return variants;
+}
+
 using VariantCase = std::tuple<DecodeCase, std::string>;
 
 class DecodeKernel : public ::testing::TestWithParam<VariantCase> {};
@@ -535,6 +556,11 @@ TEST_P(DecodeKernel, MatchesReference) {
 
 INSTANTIATE_TEST_SUITE_P(Cases, DecodeKernel,
                          ::testing::Combine(::testing::ValuesIn(decode_cases()), ::testing::ValuesIn(test_variants())),
+                         [](const ::testing::TestParamInfo<VariantCase>& info) {
+                           return std::get<0>(info.param).name + "__" + variant_test_name(std::get<1>(info.param));
+                         });
+INSTANTIATE_TEST_SUITE_P(Waves, DecodeKernel,
+                         ::testing::Combine(::testing::ValuesIn(wave_cases()), ::testing::ValuesIn(wave_variants())),
                          [](const ::testing::TestParamInfo<VariantCase>& info) {
                            return std::get<0>(info.param).name + "__" + variant_test_name(std::get<1>(info.param));
                          });

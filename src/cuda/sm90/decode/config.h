@@ -204,9 +204,13 @@ struct RecurrentKernelParams {
 // halve each warp's serial math and put 256 CTAs on the 132 SMs at H = 32.
 constexpr int kDirectWarps = 4;
 constexpr int kDirectThreads = kDirectWarps * 32;
-// NOTE: 4 CTAs per SM caps the direct kernel at 128 registers; it serves small grids, where
-// occupancy is not what limits it (ptxas -v, nvcc 13.0: no spills at that cap).
-constexpr int kDirectMinCtasPerSm = 4;
+// NOTE: 5 CTAs per SM cap the direct kernel at 102 registers (the fp32 and bf16 K = 128 8-row
+// kernels use 96, no spills; a cap of 6 spills: ptxas -v, nvcc 13.0). It serves small grids and,
+// with fp32 pools, mid-sized ones, where an SM's bytes in flight set the bandwidth: 5 CTAs keep
+// 80 KB of fp32 state loads in flight against 64 KB at 4 (120 registers). H200 2026-12-01, same
+// device call, 5 against 4: H32 B32 fp32 38.41 / 38.99 us, H96 B32 105.60 / 108.29, H96 B8
+// 28.71 / 29.48; direct32 H32 B128 fp32 143.10 us, staged64x2 147.66.
+constexpr int kDirectMinCtasPerSm = 5;
 // The direct grid is (HV x slices, N): gridDim.y caps the sequences.
 constexpr int kDirectMaxSeqs = 65535;
 

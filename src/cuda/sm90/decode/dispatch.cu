@@ -266,10 +266,12 @@ constexpr int64_t kDirectMaxSlicesPerSm = 4;
 
 // NOTE: with an fp32 pool the direct kernel (with PDL, no prefetch) also beats the staged kernels on
 // mid-sized grids, H200 2026-12-01 (us, direct32+pdl against the best staged spec): H32 B8 11.82 vs
-// 12.63, H32 B32 39.45 vs 41.65, H96 B8 29.49 vs 30.29, H96 B32 108.3 vs 115.6 (12288 slices), H32
-// B128 155.3 vs 154.1 (16384 slices), H96 B128 469.5 vs 433.3. With a bf16 pool it loses at B >= 8
-// (8 rows of bf16 are half the bytes per warp in flight).
-constexpr int64_t kDirectFp32MaxSlicesPerSm = 96;
+// 12.63, H32 B32 39.45 vs 41.65, H96 B8 29.49 vs 30.29, H96 B32 108.3 vs 115.6 (12288 slices), H96
+// B128 469.5 vs 433.3. With a bf16 pool it loses at B >= 8 (8 rows of bf16 are half the bytes per
+// warp in flight). At 5 CTAs per SM (config.h) it also takes H32 B128 (16384 slices, 124 per SM):
+// 143.10 against staged64x2's 147.66 us (H32 B512, 65536 slices: 606.4 against 555.1; H96 B128,
+// 49152: 444.0 against 414.3).
+constexpr int64_t kDirectFp32MaxSlicesPerSm = 128;
 
 // NOTE: PDL (each call may start during the previous kernel's tail, fast_launch.cuh; results
 // are identical either way) is on by default for the direct and staged kernels: measured 4.49
