@@ -6,15 +6,16 @@
 # configuration line (KDAKIT_PRINT_CONFIGS) is printed beside it. kdakit only (no peers): the
 # table says which choice is fastest per row, to retune the model against. Run from the
 # repository root over a build staged by scripts/gpu_stage.sh; logs go to $OUT.
-# Usage: scripts/gpu_segment_sweep.sh [cases] [choices]
+# Usage: [KDAKIT_STAGE_DIR=.carry/NAME] scripts/gpu_segment_sweep.sh [cases] [choices]
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out="${OUT:-/tmp/kdakit-segments}"
 mkdir -p "$out"
 cases="${1:-H4-T8K,H4-T32K,H4-T128K,H4-32K+8x1K,H8-T32K,H16-T32K}"
 choices="${2:-0 16:32:64 16:64:64 32:32:64 32:64:64 32:64:128 32:128:128 64:32:64 64:64:64 64:64:128 64:128:128 128:64:128}"
-stage=.carry/gpu
-[ -d "$stage" ] || tar -xJf .carry/gpu.tar.xz -C .carry
+# KDAKIT_STAGE_DIR: a stage of another name (gpu_stage.sh's KDAKIT_STAGE_NAME), e.g. a branch build
+stage="${KDAKIT_STAGE_DIR:-.carry/gpu}"
+[ -d "$stage" ] || tar -xJf "$stage.tar.xz" -C .carry
 export PYTHONPATH="$PWD/$stage/python:${PYTHONPATH:-}"
 export PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
 table="$out/segments.tsv"

@@ -47,8 +47,8 @@ static_assert(recurrence_value_rows(1, 4, 132) == 16, "few heads: 16 value rows 
 // NOTE: one CTA per SM at every value-row count (shared memory), and a chunk costs a CTA about
 // 2.1 / 2.2 / 2.4 / 3.9 us at 16 / 32 / 64 / 128 value rows (docs/design/20261129-prefill-
 // recurrence.md, H4-H96). A summary CTA skips the output's products and stores (~25% fewer
-// MMAs). The combine pass costs about 7 us per segment in a sequence's chain (fitted to the
-// session-9 sweep below), each extra launch ~3 us.
+// MMAs). The combine pass costs about 2 us per segment in a sequence's chain for fixed batches
+// and is charged 7 us for packed ones (the NOTEs below), each extra launch ~3 us.
 // NOTE: the combine cost was 1.5 us per segment until the H200 sweep of forced choices
 // (scripts/gpu_segment_sweep.sh, 2026-12-01, ms of the whole call): halving the segments saved
 // far more than the model said, H4-T32K 16:64:64 0.666 against 32:64:64 0.557 (109 us for 16
@@ -56,6 +56,16 @@ static_assert(recurrence_value_rows(1, 4, 132) == 16, "few heads: 16 value rows 
 // i.e. 6.8 and 8.7 us per segment. With 7 us the model's pick is within 1.4% of the fastest forced
 // choice on all six few-head rows (H4-T8K, -T32K, -T128K, 32K + 8 x 1K, H8-T32K, H16-T32K); with
 // 1.5 it took 16-chunk segments for the packed row, 22% slower than the best.
+// NOTE: the combine split over a cluster of 8 CTAs per head (combine.cu, session 10) took ~5 us off
+// each step: same picks, H200 same device call (ms, split / whole-head combine) H4-T8K 0.171 /
+// 0.207 (7 steps), H4-T32K 0.441 / 0.520 (15), H4-T128K 1.521 / 1.603 (15). With 2 us per step the
+// model's fixed-batch picks changed and measured faster (next call, ms against the 7-us picks):
+// H4-T128K 64-chunk segments 1.461 / 1.521, H8-T32K 32: 0.766 / 0.790, H16-T8K 16: 0.426 / 0.460.
+// For the packed 32K + 8 x 1K rows 2 us picks 16-chunk segments, which measured slower than 32
+// (H4 0.580 / 0.536, H8 0.988 / 0.929, H16 1.882 / 1.744), so packed batches keep 7 us: the
+// packed model (longest possible chain, total work spread) does not see what else grows with
+// the segment count there. Not swept with the split kernel (the sweep did not fit the session).
+
 struct SegmentChoice {
   int32_t segment_chunks = 0;  // 0: whole sequences
   int summary_rows = 128;
@@ -64,7 +74,9 @@ struct SegmentChoice {
   double unsegmented_us = 0;
 };
 
-constexpr double kCombineUsPerSegment = 7.0;
+// Combine cost per segment step: fixed batches 2 us, packed batches 7 us (see the NOTE above).
+constexpr double kCombineUsPerSegment = 2.0;
+constexpr double kCombineUsPerSegmentPacked = 7.0;
 
 constexpr double recurrence_chunk_us(int rows) {
   return rows <= 16 ? 2.1 : rows <= 32 ? 2.2 : rows <= 64 ? 2.4 : 3.9;
@@ -117,7 +129,7 @@ constexpr SegmentChoice choose_segments(int64_t batch, int64_t seqlen, int64_t n
                                num_sms);
       if (t < rec) { rec = t; c.rows = r; }
     }
-    c.predicted_us = summary + rec + kCombineUsPerSegment * double(per_seq - 1) + 6.0;
+    c.predicted_us = summary + rec + (packed ? kCombineUsPerSegmentPacked : kCombineUsPerSegment) * double(per_seq - 1) + 6.0;
     c.unsegmented_us = best.unsegmented_us;
     if (c.predicted_us < best.predicted_us) best = c;
   }
@@ -140,8 +152,10 @@ static_assert(choose_segments(1, 8192, 9, true, 96, 132).segment_chunks == 0, "H
 static_assert(choose_segments(1, 8192, 6, true, 64, 132).segment_chunks == 0, "H64 mixed: whole sequences");
 static_assert(choose_segments(1, 8192, 8, true, 32, 132).segment_chunks == 0, "H32 1024x8: whole sequences");
 static_assert(choose_segments(1, 40960, 9, true, 4, 132).segment_chunks == 32, "H4 32K + 8 x 1K: 32-chunk segments");
+static_assert(choose_segments(1, 40960, 9, true, 16, 132).segment_chunks == 32, "H16 32K + 8 x 1K: 32-chunk segments");
+static_assert(choose_segments(1, 8192, 1, false, 16, 132).segment_chunks == 16, "H16 T=8K: 16-chunk segments");
 static_assert(choose_segments(1, 32768, 1, false, 4, 132).segment_chunks == 32, "H4 T=32K: 32-chunk segments");
-static_assert(choose_segments(1, 131072, 1, false, 4, 132).segment_chunks == 128, "H4 T=128K: 128-chunk segments");
-static_assert(choose_segments(1, 32768, 1, false, 8, 132).segment_chunks == 64, "H8 T=32K: 64-chunk segments");
+static_assert(choose_segments(1, 131072, 1, false, 4, 132).segment_chunks == 64, "H4 T=128K: 64-chunk segments");
+static_assert(choose_segments(1, 32768, 1, false, 8, 132).segment_chunks == 32, "H8 T=32K: 32-chunk segments");
 
 }  // namespace kdakit::sm90::prefill
