@@ -18,16 +18,23 @@ stage="${KDAKIT_STAGE_DIR:-.carry/gpu}"
 [ -d "$stage" ] || tar -xJf "$stage.tar.xz" -C .carry
 export PYTHONPATH="$PWD/$stage/python:${PYTHONPATH:-}"
 export PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
+# NOTE: three files in $out (the device tool returns at most eight): segments.tsv (one row per
+# choice and case, written as each choice finishes, so a cut-off run keeps what it measured),
+# sweep.log (every choice's benchmark output, appended) and model_choices.txt.
 table="$out/segments.tsv"
+all_logs="$out/sweep.log"
 : >"$table"
+: >"$all_logs"
+log="$(mktemp)"
 for choice in auto $choices; do
-  log="$out/sweep_${choice//:/-}.log"
   KDAKIT_PREFILL_SEGMENTS="$choice" timeout 120 python3 -m kdakit.bench.prefill --cases "$cases" --peers none \
     --repeats 10 --cooldown 0.05 >"$log" 2>&1
+  { echo "=== KDAKIT_PREFILL_SEGMENTS=$choice"; cat "$log"; } >>"$all_logs"
   # rows "<case> <label...> kdakit <ms> ms"
   awk -v c="$choice" '$1 ~ /^H[0-9]+-/ { for (i = 2; i < NF; ++i) if ($i == "kdakit") { print c "\t" $1 "\t" $(i + 1); break } }' \
     "$log" >>"$table"
 done
+rm -f "$log"
 # The model's choice per case (one call each, configuration lines on stderr).
 for case in ${cases//,/ }; do
   line=$(KDAKIT_PRINT_CONFIGS=1 timeout 60 python3 -m kdakit.bench.prefill --cases "$case" --peers none --repeats 1 \
