@@ -254,7 +254,7 @@ constexpr int64_t kWideMinCtas = 1024;
 // / 356.2, H96 B512 892.8 / 1029.9 (one slot index and one token preprocessing per head, the second
 // pass's rows copied as soon as a warp has stored the first's). At 3072 slices (H96 B8 bf16) 18.7 /
 // 19.3; at 1024 (H32 B8 bf16, 256 x2 CTAs) it loses, 9.4 / 8.1; 2048 was not measured. fp32 grids up
-// to 12672 slices go to the direct kernel.
+// to kDirectFp32MaxSlicesPerSm slices per SM (16896 on 132 SMs) go to the direct kernel.
 constexpr int64_t kWidePassesMinSlices = 3072;
 
 // NOTE: the direct kernel has the shortest chain per CTA and wins while the whole grid is about
