@@ -215,6 +215,16 @@ DecodeCase base_case(std::string name) {
   return c;
 }
 
+// Grids of many waves: batch x 3 heads, single token, the first padding_rows rows padding.
+DecodeCase waves_case(std::string name, int64_t batch, int64_t padding_rows, DType pool) {
+  DecodeCase c = base_case(std::move(name));
+  c.batch = batch;
+  c.H = c.HV = 3;
+  c.padding_rows = padding_rows;
+  c.dtype_state = pool;
+  return c;
+}
+
 std::vector<DecodeCase> decode_cases() {
   std::vector<DecodeCase> cases;
   auto add = [&](DecodeCase c) { cases.push_back(std::move(c)); };
@@ -443,12 +453,7 @@ std::vector<DecodeCase> decode_cases() {
   // --- grids of several waves (2400 32-row slices: 4.5 waves of the direct kernel, 1.5 of the
   // 64-row staged one), with padding rows
   for (const DType pool : {DType::kFloat32, DType::kBFloat16}) {
-    DecodeCase c = base_case(pool == DType::kFloat32 ? "many_waves_padding" : "many_waves_bf16_padding");
-    c.batch = 200;
-    c.H = c.HV = 3;
-    c.padding_rows = 37;
-    c.dtype_state = pool;
-    add(c);
+    add(waves_case(pool == DType::kFloat32 ? "many_waves_padding" : "many_waves_bf16_padding", 200, 37, pool));
   }
   // --- fast kernel (direct.cuh): GVA with a ratio that is not a power of two
   // (fast_qk_head), K = 64, bf16 pools with padding, packed single-token batches (the serving
@@ -510,12 +515,7 @@ std::vector<DecodeCase> decode_cases() {
 std::vector<DecodeCase> wave_cases() {
   std::vector<DecodeCase> cases;
   for (const DType pool : {DType::kFloat32, DType::kBFloat16}) {
-    DecodeCase c = base_case(pool == DType::kFloat32 ? "x2_waves_padding" : "x2_waves_bf16_padding");
-    c.batch = 400;
-    c.H = c.HV = 3;
-    c.padding_rows = 41;
-    c.dtype_state = pool;
-    cases.push_back(c);
+    cases.push_back(waves_case(pool == DType::kFloat32 ? "x2_waves_padding" : "x2_waves_bf16_padding", 400, 41, pool));
   }
   return cases;
 }
