@@ -347,6 +347,49 @@ def _plan_compare(cases, layers: int, repeats: int, cooldown: float, json_path: 
     return 0
 
 
+def _kernel_breakdown(cases, repeats: int, cooldown: float, json_path: str) -> int:
+    """The --kernels mode: device time per kernel of one kdakit call (see the module docstring)."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    rows = []
+    for case in cases:
+        x = testing.prefill_inputs(case, lib="torch", device="cuda", seed=0)
+        run, _ = _kdakit_runner(case, x)
+        graph_ms, _ = _time(run, repeats)
+        for _ in range(3):
+            run()
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(repeats):
+                run()
+            torch.cuda.synchronize()
+        kernels = {}
+        for ev in prof.events():
+            if ev.device_type != torch.autograd.DeviceType.CUDA:
+                continue
+            name = ev.name.split("<")[0].split("(")[0].strip()
+            t, n = kernels.get(name, (0.0, 0))
+            kernels[name] = (t + (ev.time_range.end - ev.time_range.start), n + 1)  # us
+        total_us = sum(t for t, _ in kernels.values()) / repeats
+        row = testing.Row(case=case.name, kdakit_ms=graph_ms,
+                          repro=testing.repro_command("kdakit.bench.prefill", "--kernels",
+                                                      "--cases", case.name))
+        row.metrics["kernel sum ms"] = total_us / 1e3
+        print(f"{case.name:<22} {case.label():<40} graph {graph_ms} ms, kernels {total_us / 1e3:.4f} ms")
+        for name, (t, n) in sorted(kernels.items(), key=lambda kv: -kv[1][0]):
+            us = t / repeats
+            row.metrics[f"{name} ms"] = us / 1e3
+            print(f"    {us:9.1f} us  {n / repeats:5.1f}x  {100.0 * us / max(total_us, 1e-9):5.1f}%  {name}")
+        rows.append(row)
+        del x, run
+        testing.cooldown(cooldown)
+    if json_path:
+        meta = {"device": torch.cuda.get_device_name(), "mode": "kernels"}
+        print("json:", testing.write_json(json_path, rows, meta))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m kdakit.bench.prefill", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -367,9 +410,12 @@ def main(argv: list[str] | None = None) -> int:
                     f"against one plan per step (default cases: {PLAN_COMPARE_CASES})")
     ap.add_argument("--plan-layers", type=int, default=20,
                     help="KDA layers per step for --plan-compare (Kimi-Linear-48B-A3B: 20)")
+    ap.add_argument("--kernels", action="store_true",
+                    help="device time of each kernel of one kdakit call (torch.profiler), beside "
+                    "the CUDA-graph time of the call")
     args = ap.parse_args(argv)
-    if args.pool and args.plan_compare:
-        ap.error("--pool and --plan-compare are separate modes; pass one")
+    if sum((args.pool, args.plan_compare, args.kernels)) > 1:
+        ap.error("--pool, --plan-compare and --kernels are separate modes; pass one")
 
     ok, why = testing.cuda_available()
     if not ok:
@@ -379,6 +425,9 @@ def main(argv: list[str] | None = None) -> int:
         return pool_main(args)
     import torch
 
+    if args.kernels:
+        return _kernel_breakdown(_select(testing.prefill_bench_cases(), args.cases), args.repeats,
+                                 args.cooldown, args.json)
     if args.plan_compare:
         cases = _select(testing.prefill_bench_cases(), args.cases or PLAN_COMPARE_CASES)
         return _plan_compare(cases, max(1, args.plan_layers), args.repeats, args.cooldown,
