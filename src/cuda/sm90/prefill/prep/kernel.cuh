@@ -264,6 +264,8 @@ __global__ void __launch_bounds__(kThreads, 2) kda_prefill_prep_sm90_kernel(cons
                             int64_t(hk) * p.stride_q_h;
   const __nv_bfloat16* kg = static_cast<const __nv_bfloat16*>(p.k) + brow * p.stride_k_b + tok0 * p.stride_k_t +
                             int64_t(hk) * p.stride_k_h;
+  const __nv_bfloat16* vg = static_cast<const __nv_bfloat16*>(p.v) + brow * p.stride_v_b + tok0 * p.stride_v_t +
+                            int64_t(h) * p.stride_v_h;
 
   // ---- Phase 1a: q, k -> shared (cp.async); rows past the chunk are zeros ----------------
   // q and k land in the qA and kA tiles, which phase 1c overwrites in place. V comes after
@@ -292,11 +294,16 @@ __global__ void __launch_bounds__(kThreads, 2) kda_prefill_prep_sm90_kernel(cons
   const int c0 = warp * 16 + co * 8;      // first of the thread's 8 channels
   const int ch0 = c0 >> 3;                // their 16-byte chunk
 
-  float b2[kRowsPerThread][8];
+  // NOTE: every global load of this phase (dt_bias, the thread's four g rows, beta) is issued
+  // before any of them is used. With the gate computed row by row after each row's load (and a
+  // branch on scalar_gate per row), the compiler issued the loads one after another, each behind
+  // the previous row's gate: five dependent DRAM round trips at the head of every CTA.
+  float b2[kRowsPerThread][8];  // the raw g values first, then the base-2 gates, then their sums
   {
-    float a = 1.f;
-    if constexpr (kGate == GateMode::kSoftplus) a = -expf(p.A_log[h]);
-    if constexpr (kGate == GateMode::kLowerBound) a = p.A_log != nullptr ? expf(p.A_log[h]) : 1.f;
+    // A_log and dt_bias (per head), raw: the exponential of A_log comes after the g loads.
+    float a_log = 0.f;
+    if constexpr (kGate == GateMode::kSoftplus) a_log = p.A_log[h];
+    if constexpr (kGate == GateMode::kLowerBound) a_log = p.A_log != nullptr ? p.A_log[h] : 0.f;
     float dt[8];
 #pragma unroll
     for (int e = 0; e < 8; ++e) dt[e] = 0.f;
@@ -311,22 +318,41 @@ __global__ void __launch_bounds__(kThreads, 2) kda_prefill_prep_sm90_kernel(cons
       }
     }
     const GT* gg = static_cast<const GT*>(p.g) + brow * p.stride_g_b + tok0 * p.stride_g_t + int64_t(h) * p.stride_g_h;
+    if (p.scalar_gate) {
+#pragma unroll
+      for (int j = 0; j < kRowsPerThread; ++j) {
+        const int r = r0 + j;
+        const float sv = r < len ? kdakit::cuda::to_float(gg[int64_t(r) * p.stride_g_t]) : 0.f;
+#pragma unroll
+        for (int e = 0; e < 8; ++e) b2[j][e] = sv;
+      }
+    } else {
+#pragma unroll
+      for (int j = 0; j < kRowsPerThread; ++j) {
+        const int r = r0 + j;
+        if (r < len) {
+          load8(gg + int64_t(r) * p.stride_g_t + c0, b2[j]);
+        } else {
+#pragma unroll
+          for (int e = 0; e < 8; ++e) b2[j][e] = 0.f;
+        }
+      }
+    }
+    if (tid < len) {  // len <= 64: threads tid < 64 park their row's raw beta in beta_s
+      const int64_t off = brow * p.stride_beta_b + (tok0 + tid) * p.stride_beta_t + int64_t(h) * p.stride_beta_h;
+      beta_s[tid] = p.beta_fp32 ? static_cast<const float*>(p.beta)[off]
+                                : kdakit::cuda::to_float(static_cast<const __nv_bfloat16*>(p.beta)[off]);
+    }
+    float a = 1.f;  // exp(A_log): without A_log, 1 (lower bound)
+    if constexpr (kGate == GateMode::kSoftplus) a = -expf(a_log);
+    if constexpr (kGate == GateMode::kLowerBound) a = p.A_log != nullptr ? expf(a_log) : 1.f;
 #pragma unroll
     for (int j = 0; j < kRowsPerThread; ++j) {
-      const int r = r0 + j;
-      const bool valid = r < len;
-      float gv[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
-      if (p.scalar_gate) {
-        const float sv = valid ? kdakit::cuda::to_float(gg[int64_t(r) * p.stride_g_t]) : 0.f;
-#pragma unroll
-        for (int e = 0; e < 8; ++e) gv[e] = sv;
-      } else if (valid) {
-        load8(gg + int64_t(r) * p.stride_g_t + c0, gv);
-      }
+      const bool valid = r0 + j < len;
 #pragma unroll
       for (int e = 0; e < 8; ++e) {
         // NOTE: rows past the chunk decay by nothing, so b2 of row 63 is b2 of row C' - 1.
-        b2[j][e] = valid ? gate_log2<kGate>(gv[e], a, dt[e], p.lower_bound) : 0.f;
+        b2[j][e] = valid ? gate_log2<kGate>(b2[j][e], a, dt[e], p.lower_bound) : 0.f;
       }
     }
   }
@@ -363,14 +389,7 @@ __global__ void __launch_bounds__(kThreads, 2) kda_prefill_prep_sm90_kernel(cons
     dst[1] = make_float4(fast_exp2(b2[3][4]), fast_exp2(b2[3][5]), fast_exp2(b2[3][6]), fast_exp2(b2[3][7]));
   }
   if (tid < kChunk) {
-    float b = 0.f;
-    if (tid < len) {
-      const int64_t off = brow * p.stride_beta_b + (tok0 + tid) * p.stride_beta_t + int64_t(h) * p.stride_beta_h;
-      const float raw = p.beta_fp32 ? static_cast<const float*>(p.beta)[off]
-                                    : kdakit::cuda::to_float(static_cast<const __nv_bfloat16*>(p.beta)[off]);
-      b = kdakit::cuda::beta_activation(raw, p.use_beta_sigmoid, p.allow_neg_eigval);
-    }
-    beta_s[tid] = b;
+    beta_s[tid] = tid < len ? kdakit::cuda::beta_activation(beta_s[tid], p.use_beta_sigmoid, p.allow_neg_eigval) : 0.f;
   }
   kdakit::cuda::cp_async_wait_all();
   __syncthreads();
@@ -553,8 +572,6 @@ __global__ void __launch_bounds__(kThreads, 2) kda_prefill_prep_sm90_kernel(cons
 
   // ---- V -> shared (cp.async, into the A^M lo tile), waited for before phase 5 -------------
   {
-    const __nv_bfloat16* vg = static_cast<const __nv_bfloat16*>(p.v) + brow * p.stride_v_b + tok0 * p.stride_v_t +
-                              int64_t(h) * p.stride_v_h;
 #pragma unroll
     for (int u = 0; u < kChunk * 16 / kThreads; ++u) {
       const int c = tid + u * kThreads;
