@@ -147,14 +147,17 @@ __device__ __forceinline__ SegmentWork segment_work(const KernelParams& p, int n
 }
 
 // The TMA loads of chunk block `block` into one stage (U0 columns v0 ..), completing on `full`.
-template <class Smem>
+// kWithM = false (summary passes: no output) leaves M out; with_u0 = false (Phi, whose U0 is
+// zero) U0.
+template <class Smem, bool kWithM = true>
 __device__ __forceinline__ void issue_block_loads(uint8_t* stage, uint64_t* full, const TmaParams& tma,
-                                                  const KernelParams& p, int block, int v0) {
-  ptx::mbarrier_arrive_expect_tx(full, Smem::kStageTxBytes);
+                                                  const KernelParams& p, int block, int v0, bool with_u0 = true) {
+  ptx::mbarrier_arrive_expect_tx(full, Smem::kStageTxBytes - (kWithM ? 0u : uint32_t(Smem::kMBytes)) -
+                                           (with_u0 ? 0u : uint32_t(Smem::kU0Bytes)));
   ptx::tma_load_3d(stage + Smem::kQwkOffset, &tma.qwk, full, 0, 0, block);
   ptx::tma_load_3d(stage + Smem::kQwkOffset + Smem::kQwkBytes / 2, &tma.qwk, full, 64, 0, block);
-  ptx::tma_load_3d(stage + Smem::kMOffset, &tma.m, full, 0, 0, block);
-  ptx::tma_load_3d(stage + Smem::kU0Offset, &tma.u0, full, v0, 0, block);
+  if constexpr (kWithM) ptx::tma_load_3d(stage + Smem::kMOffset, &tma.m, full, 0, 0, block);
+  if (with_u0) ptx::tma_load_3d(stage + Smem::kU0Offset, &tma.u0, full, v0, 0, block);
   ptx::bulk_load(stage + Smem::kDecayOffset,
                  p.chunk_blocks + size_t(block) * kChunkBlockBytes + ChunkBlockLayout::kDecayOffset,
                  uint32_t(Smem::kDecayBytes), full);
@@ -214,19 +217,22 @@ __device__ __forceinline__ void store_chunk_state(const float (&state)[16][4], c
 
 // Chunk j of the CTA's range (blocks (first_chunk + j) * HV + h) into stage j % kStages, and,
 // by thread 0 before the chunk loop, the maps into cache and the first kStages chunks in flight.
-template <class Smem, int kStages>
+template <class Smem, int kStages, bool kWithM = true>
 __device__ __forceinline__ void issue_chunk_at(uint8_t* smem, uint64_t* full, const TmaParams& tma,
-                                               const KernelParams& p, int first_chunk, int h, int v0, int j) {
+                                               const KernelParams& p, int first_chunk, int h, int v0, int j,
+                                               bool with_u0 = true) {
   const int s = j % kStages;
-  issue_block_loads<Smem>(smem + s * Smem::kStageBytes, &full[s], tma, p, (first_chunk + j) * p.num_v_heads + h, v0);
+  issue_block_loads<Smem, kWithM>(smem + s * Smem::kStageBytes, &full[s], tma, p,
+                                  (first_chunk + j) * p.num_v_heads + h, v0, with_u0);
 }
-template <class Smem, int kStages>
+template <class Smem, int kStages, bool kWithM = true>
 __device__ __forceinline__ void issue_first_chunks(uint8_t* smem, uint64_t* full, const TmaParams& tma,
                                                    const KernelParams& p, int first_chunk, int h, int v0,
-                                                   int num_chunks) {
+                                                   int num_chunks, bool with_u0 = true) {
   if (num_chunks <= 0) return;
   prefetch_block_maps(tma);
-  for (int j = 0; j < min(kStages, num_chunks); ++j) issue_chunk_at<Smem, kStages>(smem, full, tma, p, first_chunk, h, v0, j);
+  for (int j = 0; j < min(kStages, num_chunks); ++j)
+    issue_chunk_at<Smem, kStages, kWithM>(smem, full, tma, p, first_chunk, h, v0, j, with_u0);
 }
 
 // ---- the kernel -------------------------------------------------------------------------------
@@ -525,8 +531,9 @@ inline Status cuda_status(cudaError_t err, const char* what, int line) {
                                             ": " + cudaGetErrorString(err));
 }
 
-// The wgmma version of the 64- and 128-row recurrence (wgmma.cuh, instantiations/wgmma.cu).
-template <int kValueRows>
+// The wgmma version of the 64- and 128-row recurrence and summary pass (wgmma.cuh,
+// instantiations/wgmma.cu).
+template <int kValueRows, bool kSummary>
 Status launch_wgmma(const KernelParams& kp, const TmaParams& tma, int64_t num_ctas, cudaStream_t stream);
 
 }  // namespace kdakit::sm90::prefill::recurrence
@@ -595,8 +602,8 @@ Status launch(const PrefillParams& p, const WorkspacePlan& plan, const void* wor
   if (num_ctas > int64_t(INT32_MAX))
     return Status(StatusCode::kUnsupported, "recurrence: N * HV * segments * slices must stay below 2^31, got " +
                                                 std::to_string(num_ctas));
-  if constexpr ((kValueRows == 64 || kValueRows == 128) && !kSummary) {
-    return launch_wgmma<kValueRows>(kp, tma, num_ctas, stream);
+  if constexpr (kValueRows == 64 || kValueRows == 128) {
+    return launch_wgmma<kValueRows, kSummary>(kp, tma, num_ctas, stream);
   } else {
     auto kernel = kda_prefill_recurrence_sm90_kernel<kValueRows, kSummary>;
     static kdakit::cuda::PerDeviceOnce attr_once;  // per function and device (common/device_setup.cuh)

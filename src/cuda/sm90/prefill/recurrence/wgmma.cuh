@@ -45,7 +45,10 @@ __device__ __forceinline__ uint64_t m_desc(uint32_t m_base, int ks) {
 }
 
 // kValueRows = 64 (one warpgroup) or 128 (two): value rows per CTA, as for kernel.cuh.
-template <int kValueRows>
+// kSummary: the summary pass of segmented prefill, as in kernel.cuh: CTA z < kSlices runs value
+// slice z from a zero state (Psi), z >= kSlices key rows of Phi from the identity with U0 = 0;
+// neither writes o, chunk states or the final state, and both skip Qt's and M's products.
+template <int kValueRows, bool kSummary>
 __global__ void __launch_bounds__(kValueRows * 2, 1)
     kda_prefill_recurrence_wgmma_sm90_kernel(const __grid_constant__ KernelParams p, const __grid_constant__ TmaParams tma) {
   using Cfg = Config<kValueRows>;
@@ -62,19 +65,21 @@ __global__ void __launch_bounds__(kValueRows * 2, 1)
   uint64_t* empty = full + kStages;
 
   // Grid order (fastest first): value slice z, segment, value head, sequence (as kernel.cuh).
+  constexpr int kZ = kSummary ? 2 * Cfg::kSlices : Cfg::kSlices;
   const int64_t cta = blockIdx.x;
-  const int z = int(cta % Cfg::kSlices);
-  const int64_t rest = cta / Cfg::kSlices;
+  const int z = int(cta % kZ);
+  const int64_t rest = cta / kZ;
   const int seg = int(rest % p.max_segments);
   const int h = int((rest / p.max_segments) % p.num_v_heads);
   const int n = int(rest / p.max_segments / p.num_v_heads);
-  const int v0 = z * kValueRows;
+  const bool phi_run = kSummary && z >= Cfg::kSlices;
+  const int v0 = (z % Cfg::kSlices) * kValueRows;
   const int warp = threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   const int wg = warp / 4;
 
   const SegmentWork work = segment_work(p, n, seg);
-  if (seg >= work.nseg) return;
+  if (kSummary ? seg >= work.nseg - 1 : seg >= work.nseg) return;
   const int chunk_begin = work.chunk_begin, j_begin = work.j_begin, num_chunks = work.num_chunks;
   volatile int* last_segment_flag = reinterpret_cast<volatile int*>(smem + Smem::kFlagsOffset);
 
@@ -82,9 +87,13 @@ __global__ void __launch_bounds__(kValueRows * 2, 1)
     init_pipeline<kStages>(full, empty, Cfg::kThreads, last_segment_flag, seg == work.nseg - 1);
   __syncthreads();
 
-  auto issue_chunk = [&](int j) { issue_chunk_at<Smem, kStages>(smem, full, tma, p, chunk_begin + j_begin, h, v0, j); };
+  // NOTE: summaries load neither M (no output) nor, for Phi, U0 (zero).
+  auto issue_chunk = [&](int j) {
+    issue_chunk_at<Smem, kStages, !kSummary>(smem, full, tma, p, chunk_begin + j_begin, h, v0, j, !phi_run);
+  };
   const bool is_issuer = threadIdx.x == 0;
-  if (is_issuer) issue_first_chunks<Smem, kStages>(smem, full, tma, p, chunk_begin + j_begin, h, v0, num_chunks);
+  if (is_issuer)
+    issue_first_chunks<Smem, kStages, !kSummary>(smem, full, tma, p, chunk_begin + j_begin, h, v0, num_chunks, !phi_run);
 
   const int g = lane / 4, t = lane % 4;
   const int vslice = 64 * wg + 16 * (warp % 4) + g;  // value row of c0/c1 within the CTA's slice
@@ -92,7 +101,19 @@ __global__ void __launch_bounds__(kValueRows * 2, 1)
 
   float state[64];
   float(&state4)[16][4] = reinterpret_cast<float(&)[16][4]>(state);
-  load_start_state(state4, p, n, h, seg, work, vrow, t);
+  if constexpr (kSummary) {
+    // Psi from zeros; Phi from the identity (row vrow of I in the fragment layout)
+#pragma unroll
+    for (int j = 0; j < 16; ++j) {
+      const int k = 8 * j + 2 * t;
+      state4[j][0] = phi_run && k == vrow ? 1.f : 0.f;
+      state4[j][1] = phi_run && k + 1 == vrow ? 1.f : 0.f;
+      state4[j][2] = phi_run && k == vrow + 8 ? 1.f : 0.f;
+      state4[j][3] = phi_run && k + 1 == vrow + 8 ? 1.f : 0.f;
+    }
+  } else {
+    load_start_state(state4, p, n, h, seg, work, vrow, t);
+  }
 
   const int seq_len = p.seq_len[n];
   const int64_t seq_start = p.seq_start[n];
@@ -100,7 +121,7 @@ __global__ void __launch_bounds__(kValueRows * 2, 1)
                          int64_t(h) * p.stride_o_h + v0 + 64 * wg + 16 * (warp % 4);
 
   const int chunks_per_state = p.chunk_states != nullptr ? p.chunk_state_interval / kChunk : 0;
-  const bool write_chunk_states = chunks_per_state > 0;
+  const bool write_chunk_states = !kSummary && chunks_per_state > 0;
   const int64_t chunk_state_base = write_chunk_states ? common::chunk_state_base_of(p, n, lane) : 0;
 
   for (int j = 0; j < num_chunks; ++j) {
@@ -123,8 +144,8 @@ __global__ void __launch_bounds__(kValueRows * 2, 1)
       for (int hr = 0; hr < 2; ++hr) {
         const int tok = 8 * nt + 2 * t;
         const int col = vslice + 8 * hr;
-        accU[4 * nt + 2 * hr] = u0[tok * kValueRows + col];
-        accU[4 * nt + 2 * hr + 1] = u0[(tok + 1) * kValueRows + col];
+        accU[4 * nt + 2 * hr] = phi_run ? 0.f : u0[tok * kValueRows + col];  // Phi: U0 not loaded
+        accU[4 * nt + 2 * hr + 1] = phi_run ? 0.f : u0[(tok + 1) * kValueRows + col];
       }
     }
 
@@ -146,13 +167,15 @@ __global__ void __launch_bounds__(kValueRows * 2, 1)
         const int kk = 4 * half + i;
         common::gmma_rs<common::OpNegRS64>(sl[i], qwk_desc_k<kHalfBytes>(qwk_base, 1, kk), accU, true);
         common::gmma_rs<common::OpNegRS64>(sa[i], qwk_desc_k<kHalfBytes>(qwk_base, 1, kk), accU, true);
-        common::gmma_rs<common::OpRS64>(sa[i], qwk_desc_k<kHalfBytes>(qwk_base, 0, kk), accO, kk > 0);
-        common::gmma_rs<common::OpRS64>(sl[i], qwk_desc_k<kHalfBytes>(qwk_base, 0, kk), accO, true);
+        if constexpr (!kSummary) {
+          common::gmma_rs<common::OpRS64>(sa[i], qwk_desc_k<kHalfBytes>(qwk_base, 0, kk), accO, kk > 0);
+          common::gmma_rs<common::OpRS64>(sl[i], qwk_desc_k<kHalfBytes>(qwk_base, 0, kk), accO, true);
+        }
       }
       ptx::wgmma_commit();
       ptx::wgmma_wait<0>();
       ptx::fence_operands(accU);
-      ptx::fence_operands(accO);
+      if constexpr (!kSummary) ptx::fence_operands(accO);
     }
 
     // ---- U^T as bf16 hi + lo A fragments (k = tokens)
@@ -166,13 +189,15 @@ __global__ void __launch_bounds__(kValueRows * 2, 1)
     }
 
     // ---- accO += U^T M^T
-    ptx::wgmma_fence();
+    if constexpr (!kSummary) {
+      ptx::wgmma_fence();
 #pragma unroll
-    for (int ks = 0; ks < 4; ++ks) {
-      common::gmma_rs<common::OpRS64>(ul[ks], m_desc(m_base, ks), accO, true);
-      common::gmma_rs<common::OpRS64>(uh[ks], m_desc(m_base, ks), accO, true);
+      for (int ks = 0; ks < 4; ++ks) {
+        common::gmma_rs<common::OpRS64>(ul[ks], m_desc(m_base, ks), accO, true);
+        common::gmma_rs<common::OpRS64>(uh[ks], m_desc(m_base, ks), accO, true);
+      }
+      ptx::wgmma_commit();
     }
-    ptx::wgmma_commit();
 
     // ---- S^T = S0^T diag(decay) + U^T Kh (Kh as hi + lo)
     common::decay_state(state4, decay, t);
@@ -186,10 +211,12 @@ __global__ void __launch_bounds__(kValueRows * 2, 1)
     ptx::wgmma_commit();
 
     // ---- O, while the state's group runs: value rows vrow, vrow + 8 of tokens 8 nt + 2t, +1
-    ptx::wgmma_wait<1>();
-    ptx::fence_operands(accO);
-    common::store_o_tile(accO, o_seq + int64_t(jg) * kChunk * p.stride_o_t, p.stride_o_t,
-                         min(kChunk, seq_len - jg * kChunk), p.o_pairs, g, t);
+    if constexpr (!kSummary) {
+      ptx::wgmma_wait<1>();
+      ptx::fence_operands(accO);
+      common::store_o_tile(accO, o_seq + int64_t(jg) * kChunk * p.stride_o_t, p.stride_o_t,
+                           min(kChunk, seq_len - jg * kChunk), p.o_pairs, g, t);
+    }
     ptx::wgmma_wait<0>();
     ptx::fence_operands(state);
 
@@ -203,6 +230,26 @@ __global__ void __launch_bounds__(kValueRows * 2, 1)
     }
   }
 
+  if constexpr (kSummary) {
+    // ---- Psi (fp32) or Phi (bf16 hi + lo, the combine pass's image) of this full segment
+    uint8_t* area = segment_at(p, segment_slot(chunk_begin, seg, work.ls), h);
+    if (!phi_run) {
+      store_state(state4, area + SegmentLayout::kPsiOffset, vrow, t, common::segment_state_view());
+    } else {
+#pragma unroll
+      for (int j = 0; j < 16; ++j) {
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          uint32_t hi, lo;
+          ptx::split_bf16(state4[j][2 * half], state4[j][2 * half + 1], hi, lo);
+          const uint32_t off = phi_offset(vrow + 8 * half, 8 * j + 2 * t);
+          *reinterpret_cast<uint32_t*>(area + SegmentLayout::kPhiHiOffset + off) = hi;
+          *reinterpret_cast<uint32_t*>(area + SegmentLayout::kPhiLoOffset + off) = lo;
+        }
+      }
+    }
+    return;
+  }
   // ---- final state, by the last segment (an empty sequence passes its initial state through)
   if (*last_segment_flag != 0) {
     void* fin = common::final_state_of(p, n, h);
@@ -210,10 +257,10 @@ __global__ void __launch_bounds__(kValueRows * 2, 1)
   }
 }
 
-template <int kValueRows>
+template <int kValueRows, bool kSummary>
 Status launch_wgmma(const KernelParams& kp, const TmaParams& tma, int64_t num_ctas, cudaStream_t stream) {
   using Smem = typename Config<kValueRows>::SharedMemoryPlan;
-  auto kernel = kda_prefill_recurrence_wgmma_sm90_kernel<kValueRows>;
+  auto kernel = kda_prefill_recurrence_wgmma_sm90_kernel<kValueRows, kSummary>;
   static kdakit::cuda::PerDeviceOnce attr_once;  // per function and device (common/device_setup.cuh)
   cudaError_t err = kdakit::cuda::set_up_once_per_device(attr_once, [&] {
     return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(Smem::kAllocBytes));
@@ -225,7 +272,9 @@ Status launch_wgmma(const KernelParams& kp, const TmaParams& tma, int64_t num_ct
   return Status::Ok();
 }
 
-template Status launch_wgmma<64>(const KernelParams&, const TmaParams&, int64_t, cudaStream_t);
-template Status launch_wgmma<128>(const KernelParams&, const TmaParams&, int64_t, cudaStream_t);
+template Status launch_wgmma<64, false>(const KernelParams&, const TmaParams&, int64_t, cudaStream_t);
+template Status launch_wgmma<128, false>(const KernelParams&, const TmaParams&, int64_t, cudaStream_t);
+template Status launch_wgmma<64, true>(const KernelParams&, const TmaParams&, int64_t, cudaStream_t);
+template Status launch_wgmma<128, true>(const KernelParams&, const TmaParams&, int64_t, cudaStream_t);
 
 }  // namespace kdakit::sm90::prefill::recurrence
