@@ -13,8 +13,9 @@
 //
 // Which kernel: CTAs of 64 and 128 value rows run the wgmma version (wgmma.cuh, same math,
 // workspace, stages and grid; measured 14% faster at 128 rows, H96 fixed recurrence 0.521 against
-// 0.606 ms, and never slower on the prep-timing cases); this mma.sync kernel runs the 16- and
-// 32-row CTAs and every summary pass.
+// 0.606 ms, and never slower on the prep-timing cases), and so does every summary pass of
+// segmented prefill (64 or 128 rows; session 11: H4 T=32K 110 -> ~80 us); this mma.sync kernel
+// runs the 16- and 32-row CTAs.
 //
 // Grid: one CTA per (sequence n, value head h, value slice z), flattened with z fastest; the
 // CTA owns value rows [z * kValueRows, (z + 1) * kValueRows). Value rows never mix, so the split
@@ -103,6 +104,7 @@ struct TmaParams {
   CUtensorMap qwk;  // bf16 [blocks][256 rows = Qt|W|Kh|Kh lo][128], box 64 cols x 256 rows, 128B swizzle
   CUtensorMap m;    // bf16 [blocks][64][64], box 64 x 64, 128B swizzle
   CUtensorMap u0;   // fp32 [blocks][64][128], box kValueRows x 64, no swizzle
+  CUtensorMap wkh;  // summaries: the qwk map with a box of rows 64 .. 255 (W|Kh|Kh lo), no Qt
 };
 
 // ---- swizzled shared-memory addresses ---------------------------------------------------------
@@ -147,24 +149,36 @@ __device__ __forceinline__ SegmentWork segment_work(const KernelParams& p, int n
 }
 
 // The TMA loads of chunk block `block` into one stage (U0 columns v0 ..), completing on `full`.
-// kWithM = false (summary passes: no output) leaves M out; with_u0 = false (Phi, whose U0 is
-// zero) U0.
-template <class Smem, bool kWithM = true>
+// kOutput = false (summary passes: no output) leaves Qt and M out (the wkh map's box starts at
+// W's row 64, a 1024-byte multiple, so the swizzle is the one the readers expect); with_u0 =
+// false (Phi, whose U0 is zero) U0.
+template <class Smem, bool kOutput = true>
 __device__ __forceinline__ void issue_block_loads(uint8_t* stage, uint64_t* full, const TmaParams& tma,
                                                   const KernelParams& p, int block, int v0, bool with_u0 = true) {
-  ptx::mbarrier_arrive_expect_tx(full, Smem::kStageTxBytes - (kWithM ? 0u : uint32_t(Smem::kMBytes)) -
+  constexpr uint32_t kQtBytes = 2 * kChunk * 128;  // Qt's 64 rows of both column halves
+  ptx::mbarrier_arrive_expect_tx(full, Smem::kStageTxBytes - (kOutput ? 0u : uint32_t(Smem::kMBytes) + kQtBytes) -
                                            (with_u0 ? 0u : uint32_t(Smem::kU0Bytes)));
-  ptx::tma_load_3d(stage + Smem::kQwkOffset, &tma.qwk, full, 0, 0, block);
-  ptx::tma_load_3d(stage + Smem::kQwkOffset + Smem::kQwkBytes / 2, &tma.qwk, full, 64, 0, block);
-  if constexpr (kWithM) ptx::tma_load_3d(stage + Smem::kMOffset, &tma.m, full, 0, 0, block);
+  if constexpr (kOutput) {
+    ptx::tma_load_3d(stage + Smem::kQwkOffset, &tma.qwk, full, 0, 0, block);
+    ptx::tma_load_3d(stage + Smem::kQwkOffset + Smem::kQwkBytes / 2, &tma.qwk, full, 64, 0, block);
+    ptx::tma_load_3d(stage + Smem::kMOffset, &tma.m, full, 0, 0, block);
+  } else {
+    ptx::tma_load_3d(stage + Smem::kQwkOffset + kQtBytes / 2, &tma.wkh, full, 0, kChunk, block);
+    ptx::tma_load_3d(stage + Smem::kQwkOffset + Smem::kQwkBytes / 2 + kQtBytes / 2, &tma.wkh, full, 64, kChunk, block);
+  }
   if (with_u0) ptx::tma_load_3d(stage + Smem::kU0Offset, &tma.u0, full, v0, 0, block);
   ptx::bulk_load(stage + Smem::kDecayOffset,
                  p.chunk_blocks + size_t(block) * kChunkBlockBytes + ChunkBlockLayout::kDecayOffset,
                  uint32_t(Smem::kDecayBytes), full);
 }
+template <bool kOutput = true>
 __device__ __forceinline__ void prefetch_block_maps(const TmaParams& tma) {
-  ptx::prefetch_tensormap(&tma.qwk);
-  ptx::prefetch_tensormap(&tma.m);
+  if constexpr (kOutput) {
+    ptx::prefetch_tensormap(&tma.qwk);
+    ptx::prefetch_tensormap(&tma.m);
+  } else {
+    ptx::prefetch_tensormap(&tma.wkh);
+  }
   ptx::prefetch_tensormap(&tma.u0);
 }
 
@@ -217,30 +231,28 @@ __device__ __forceinline__ void store_chunk_state(const float (&state)[16][4], c
 
 // Chunk j of the CTA's range (blocks (first_chunk + j) * HV + h) into stage j % kStages, and,
 // by thread 0 before the chunk loop, the maps into cache and the first kStages chunks in flight.
-template <class Smem, int kStages, bool kWithM = true>
+template <class Smem, int kStages, bool kOutput = true>
 __device__ __forceinline__ void issue_chunk_at(uint8_t* smem, uint64_t* full, const TmaParams& tma,
                                                const KernelParams& p, int first_chunk, int h, int v0, int j,
                                                bool with_u0 = true) {
   const int s = j % kStages;
-  issue_block_loads<Smem, kWithM>(smem + s * Smem::kStageBytes, &full[s], tma, p,
+  issue_block_loads<Smem, kOutput>(smem + s * Smem::kStageBytes, &full[s], tma, p,
                                   (first_chunk + j) * p.num_v_heads + h, v0, with_u0);
 }
-template <class Smem, int kStages, bool kWithM = true>
+template <class Smem, int kStages, bool kOutput = true>
 __device__ __forceinline__ void issue_first_chunks(uint8_t* smem, uint64_t* full, const TmaParams& tma,
                                                    const KernelParams& p, int first_chunk, int h, int v0,
                                                    int num_chunks, bool with_u0 = true) {
   if (num_chunks <= 0) return;
-  prefetch_block_maps(tma);
+  prefetch_block_maps<kOutput>(tma);
   for (int j = 0; j < min(kStages, num_chunks); ++j)
-    issue_chunk_at<Smem, kStages, kWithM>(smem, full, tma, p, first_chunk, h, v0, j, with_u0);
+    issue_chunk_at<Smem, kStages, kOutput>(smem, full, tma, p, first_chunk, h, v0, j, with_u0);
 }
 
 // ---- the kernel -------------------------------------------------------------------------------
-// kSummary: the summary pass (workspace.h, segments). CTA z < kSlices runs value slice z from a
-// zero state (Psi), z >= kSlices runs key rows of Phi from the identity with U0 = 0; neither
-// writes o, chunk states or the final state, and both skip the output's products. Otherwise
-// the recurrence proper over one segment (the whole sequence without segments).
-template <int kValueRows, bool kSummary>
+// The recurrence over one segment (the whole sequence without segments). The summary pass of
+// segmented prefill runs on the wgmma kernel (wgmma.cuh).
+template <int kValueRows>
 __global__ void __launch_bounds__(Config<kValueRows>::kThreads) __maxnreg__(Config<kValueRows>::kMaxRegisters)
     kda_prefill_recurrence_sm90_kernel(const __grid_constant__ KernelParams p,
                                        const __grid_constant__ TmaParams tma) {
@@ -259,24 +271,21 @@ __global__ void __launch_bounds__(Config<kValueRows>::kThreads) __maxnreg__(Conf
   // NOTE: the slices of one (sequence, head) are neighbours in launch order, so they run at the
   // same time and the second one reads the shared Qt/W/Kh/M of each chunk from L2.
   // Grid order (fastest first): slice z, segment, value head, sequence.
-  constexpr int kZ = kSummary ? 2 * Cfg::kSlices : Cfg::kSlices;
   const int64_t cta = blockIdx.x;
-  const int z = int(cta % kZ);
-  const int64_t rest = cta / kZ;
+  const int z = int(cta % Cfg::kSlices);
+  const int64_t rest = cta / Cfg::kSlices;
   const int seg = int(rest % p.max_segments);
   const int h = int((rest / p.max_segments) % p.num_v_heads);
   const int n = int(rest / p.max_segments / p.num_v_heads);
-  const bool phi_run = kSummary && z >= Cfg::kSlices;
-  const int v0 = (z % Cfg::kSlices) * kValueRows;
+  const int v0 = z * kValueRows;
   const int warp = threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
 
-  // This CTA's chunks of the sequence: segment seg. The summary pass has no work for the last
-  // segment, the recurrence none past it (the whole grid's early exits are uniform per CTA,
-  // before any barrier).
+  // This CTA's chunks of the sequence: segment seg; none past the last (the whole grid's early
+  // exits are uniform per CTA, before any barrier).
   const SegmentWork work = segment_work(p, n, seg);
-  const int chunk_begin = work.chunk_begin, ls = work.ls, nseg = work.nseg;
-  if (kSummary ? seg >= nseg - 1 : seg >= nseg) return;
+  const int chunk_begin = work.chunk_begin, nseg = work.nseg;
+  if (seg >= nseg) return;
   // NOTE: whether this is the last segment goes to shared memory and is read back after the
   // chunk loop: kept in a register (nseg) through the loop it was the one value spilled at 16
   // and 32 value rows.
@@ -298,19 +307,7 @@ __global__ void __launch_bounds__(Config<kValueRows>::kThreads) __maxnreg__(Conf
   const int vrow = v0 + warp * 16 + group;  // value row of c0/c1 (c2/c3: vrow + 8)
 
   float state[16][4];
-  if (kSummary) {
-    // Psi from zeros; Phi from the identity (row vrow of I in the fragment layout)
-    #pragma unroll
-    for (int j = 0; j < 16; ++j) {
-      const int k = 8 * j + 2 * quad;
-      state[j][0] = phi_run && k == vrow ? 1.f : 0.f;
-      state[j][1] = phi_run && k + 1 == vrow ? 1.f : 0.f;
-      state[j][2] = phi_run && k == vrow + 8 ? 1.f : 0.f;
-      state[j][3] = phi_run && k + 1 == vrow + 8 ? 1.f : 0.f;
-    }
-  } else {
-    load_start_state(state, p, n, h, seg, work, vrow, quad);
-  }
+  load_start_state(state, p, n, h, seg, work, vrow, quad);
 
   const int seq_len = p.seq_len[n];
   const int64_t seq_start = p.seq_start[n];
@@ -318,7 +315,7 @@ __global__ void __launch_bounds__(Config<kValueRows>::kThreads) __maxnreg__(Conf
                          int64_t(h) * p.stride_o_h + v0 + warp * 16;
 
   const int chunks_per_state = p.chunk_states != nullptr ? p.chunk_state_interval / kChunk : 0;
-  const bool write_chunk_states = !kSummary && chunks_per_state > 0;
+  const bool write_chunk_states = chunks_per_state > 0;
   const int64_t chunk_state_base = write_chunk_states ? common::chunk_state_base_of(p, n, lane) : 0;
 
   // Per-lane ldmatrix row/column parts (see ptx.cuh for the fragment layouts).
@@ -354,14 +351,10 @@ __global__ void __launch_bounds__(Config<kValueRows>::kThreads) __maxnreg__(Conf
     for (int t = 0; t < 8; ++t) {
       const int tok = 8 * t + 2 * quad;
       const int col = warp * 16 + group;
-      if (phi_run) {
-        acc_u[t][0] = acc_u[t][1] = acc_u[t][2] = acc_u[t][3] = 0.f;
-      } else {
-        acc_u[t][0] = -u0[tok * kValueRows + col];
-        acc_u[t][1] = -u0[(tok + 1) * kValueRows + col];
-        acc_u[t][2] = -u0[tok * kValueRows + col + 8];
-        acc_u[t][3] = -u0[(tok + 1) * kValueRows + col + 8];
-      }
+      acc_u[t][0] = -u0[tok * kValueRows + col];
+      acc_u[t][1] = -u0[(tok + 1) * kValueRows + col];
+      acc_u[t][2] = -u0[tok * kValueRows + col + 8];
+      acc_u[t][3] = -u0[(tok + 1) * kValueRows + col + 8];
       acc_o[t][0] = acc_o[t][1] = acc_o[t][2] = acc_o[t][3] = 0.f;
     }
 
@@ -381,13 +374,11 @@ __global__ void __launch_bounds__(Config<kValueRows>::kThreads) __maxnreg__(Conf
         ptx::mma_bf16_16816(acc_u[2 * tp + 1], a_lo, b[2], b[3]);
         ptx::mma_bf16_16816(acc_u[2 * tp], a, b[0], b[1]);
         ptx::mma_bf16_16816(acc_u[2 * tp + 1], a, b[2], b[3]);
-        if constexpr (!kSummary) {
-          ptx::ldmatrix_x4(b, qwk_addr(qt_base, 16 * tp + ld_row, 2 * ks + ld_chunk));
-          ptx::mma_bf16_16816(acc_o[2 * tp], a_lo, b[0], b[1]);
-          ptx::mma_bf16_16816(acc_o[2 * tp + 1], a_lo, b[2], b[3]);
-          ptx::mma_bf16_16816(acc_o[2 * tp], a, b[0], b[1]);
-          ptx::mma_bf16_16816(acc_o[2 * tp + 1], a, b[2], b[3]);
-        }
+        ptx::ldmatrix_x4(b, qwk_addr(qt_base, 16 * tp + ld_row, 2 * ks + ld_chunk));
+        ptx::mma_bf16_16816(acc_o[2 * tp], a_lo, b[0], b[1]);
+        ptx::mma_bf16_16816(acc_o[2 * tp + 1], a_lo, b[2], b[3]);
+        ptx::mma_bf16_16816(acc_o[2 * tp], a, b[0], b[1]);
+        ptx::mma_bf16_16816(acc_o[2 * tp + 1], a, b[2], b[3]);
       }
     }
 
@@ -408,7 +399,7 @@ __global__ void __launch_bounds__(Config<kValueRows>::kThreads) __maxnreg__(Conf
     // ---- O^T += U^T M^T (k = source tokens s, n = target tokens r); M[r][s] = 0 for s > r,
     // so blocks with ts > tp are skipped.
     #pragma unroll
-    for (int tp = 0; tp < (kSummary ? 0 : 4); ++tp) {
+    for (int tp = 0; tp < 4; ++tp) {
       #pragma unroll
       for (int ts = 0; ts <= tp; ++ts) {
         uint32_t b[4];
@@ -425,7 +416,7 @@ __global__ void __launch_bounds__(Config<kValueRows>::kThreads) __maxnreg__(Conf
     // top of the chunk; the syncwarp orders those reads before these stores.
     __syncwarp();
     #pragma unroll
-    for (int t = 0; t < (kSummary ? 0 : 8); ++t) {
+    for (int t = 0; t < 8; ++t) {
       constexpr int kRB = int(Smem::kU0RowBytes);
       const int tok = 8 * t + 2 * quad;
       *reinterpret_cast<__nv_bfloat16*>(o_band + o_stage_offset<kRB>(tok, group)) = __float2bfloat16_rn(acc_o[t][0]);
@@ -455,7 +446,7 @@ __global__ void __launch_bounds__(Config<kValueRows>::kThreads) __maxnreg__(Conf
     }
 
     // ---- O: the staging band -> global (before the stage is released: the band is in it)
-    if constexpr (!kSummary) {
+    {
       constexpr int kRB = int(Smem::kU0RowBytes);
       __syncwarp();
       const int valid = min(kChunk, seq_len - jg * kChunk);
@@ -497,26 +488,6 @@ __global__ void __launch_bounds__(Config<kValueRows>::kThreads) __maxnreg__(Conf
 
   }
 
-  if constexpr (kSummary) {
-    // ---- Psi (fp32) or Phi (bf16 hi + lo, the combine pass's image) of this full segment
-    uint8_t* area = segment_at(p, segment_slot(chunk_begin, seg, ls), h);
-    if (!phi_run) {
-      store_state(state, area + SegmentLayout::kPsiOffset, vrow, quad, common::segment_state_view());
-    } else {
-      #pragma unroll
-      for (int j = 0; j < 16; ++j) {
-        #pragma unroll
-        for (int half = 0; half < 2; ++half) {
-          uint32_t hi, lo;
-          ptx::split_bf16(state[j][2 * half], state[j][2 * half + 1], hi, lo);
-          const uint32_t off = phi_offset(vrow + 8 * half, 8 * j + 2 * quad);
-          *reinterpret_cast<uint32_t*>(area + SegmentLayout::kPhiHiOffset + off) = hi;
-          *reinterpret_cast<uint32_t*>(area + SegmentLayout::kPhiLoOffset + off) = lo;
-        }
-      }
-    }
-    return;
-  }
   // ---- final state, by the last segment (also for an empty sequence: the initial state passes
   // through bit for bit)
   if (*last_segment_flag != 0) {
@@ -571,6 +542,12 @@ Status launch(const PrefillParams& p, const WorkspacePlan& plan, const void* wor
   st = encode_block_map(&tma.u0, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, blocks + ChunkBlockLayout::kU0Offset, kHeadDim,
                         kChunk, num_blocks, kHeadDim * 4, kValueRows, kChunk, CU_TENSOR_MAP_SWIZZLE_NONE, "U0");
   if (!st.ok()) return st;
+  if constexpr (kSummary) {
+    st = encode_block_map(&tma.wkh, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, blocks + ChunkBlockLayout::kQtOffset,
+                          kHeadDim, kQwkRows, num_blocks, kHeadDim * 2, 64, kQwkRows - kChunk,
+                          CU_TENSOR_MAP_SWIZZLE_128B, "W/Kh/Kh lo");
+    if (!st.ok()) return st;
+  }
 
   const bool packed = p.cu_seqlens != nullptr;
   const bool o_vec16 = reinterpret_cast<uintptr_t>(p.o) % 16 == 0 && p.stride_o_t % 8 == 0 &&
@@ -605,7 +582,8 @@ Status launch(const PrefillParams& p, const WorkspacePlan& plan, const void* wor
   if constexpr (kValueRows == 64 || kValueRows == 128) {
     return launch_wgmma<kValueRows, kSummary>(kp, tma, num_ctas, stream);
   } else {
-    auto kernel = kda_prefill_recurrence_sm90_kernel<kValueRows, kSummary>;
+    static_assert(!kSummary, "summary passes run on the wgmma kernel (64 or 128 value rows)");
+    auto kernel = kda_prefill_recurrence_sm90_kernel<kValueRows>;
     static kdakit::cuda::PerDeviceOnce attr_once;  // per function and device (common/device_setup.cuh)
     cudaError_t err = kdakit::cuda::set_up_once_per_device(attr_once, [&] {
       return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(Smem::kAllocBytes));

@@ -1,5 +1,6 @@
 // kda_prefill_recurrence_wgmma_sm90_kernel: the chunk-serial half of the two-kernel prefill on
-// warpgroup MMAs (wgmma), for CTAs of 128 value rows. Same math, workspace, stages, TMA maps and
+// warpgroup MMAs (wgmma), for CTAs of 64 and 128 value rows, and the summary pass of segmented
+// prefill (kSummary: the W and Kh products only, from zero or identity states). Same math, workspace, stages, TMA maps and
 // grid as kda_prefill_recurrence_sm90_kernel (kernel.cuh), whose header has the equations; what
 // differs is who multiplies:
 //
@@ -87,7 +88,7 @@ __global__ void __launch_bounds__(kValueRows * 2, 1)
     init_pipeline<kStages>(full, empty, Cfg::kThreads, last_segment_flag, seg == work.nseg - 1);
   __syncthreads();
 
-  // NOTE: summaries load neither M (no output) nor, for Phi, U0 (zero).
+  // NOTE: summaries load neither Qt nor M (no output), nor, for Phi, U0 (zero).
   auto issue_chunk = [&](int j) {
     issue_chunk_at<Smem, kStages, !kSummary>(smem, full, tma, p, chunk_begin + j_begin, h, v0, j, !phi_run);
   };
