@@ -47,8 +47,9 @@ static_assert(recurrence_value_rows(1, 4, 132) == 16, "few heads: 16 value rows 
 // NOTE: one CTA per SM at every value-row count (shared memory), and a chunk costs a CTA about
 // 2.1 / 2.2 / 2.4 / 3.9 us at 16 / 32 / 64 / 128 value rows (docs/design/20261129-prefill-
 // recurrence.md, H4-H96). A summary CTA skips the output's products and stores (~25% fewer
-// MMAs). The combine pass costs about 2 us per segment in a sequence's chain for fixed batches
-// and is charged 7 us for packed ones (the NOTEs below), each extra launch ~3 us.
+// MMAs; charged 0.75 of a chunk). The combine pass costs about 2 us per segment in a sequence's
+// chain for fixed batches and is charged 7 us for packed ones (the NOTEs below), each extra
+// launch ~3 us.
 // NOTE: the combine cost was 1.5 us per segment until the H200 sweep of forced choices
 // (scripts/gpu_segment_sweep.sh, 2026-12-01, ms of the whole call): halving the segments saved
 // far more than the model said, H4-T32K 16:64:64 0.666 against 32:64:64 0.557 (109 us for 16
@@ -65,6 +66,12 @@ static_assert(recurrence_value_rows(1, 4, 132) == 16, "few heads: 16 value rows 
 // (H4 0.580 / 0.536, H8 0.988 / 0.929, H16 1.882 / 1.744), so packed batches keep 7 us: the
 // packed model (longest possible chain, total work spread) does not see what else grows with
 // the segment count there. Not swept with the split kernel (the sweep did not fit the session).
+// NOTE: since session 11 the summaries run on the wgmma kernel and skip Qt, M (and Phi's U0):
+// measured 2.45 us per chunk at 128 rows and 1.86 at 64, against the 0.75 x t(rows) charged here,
+// while the recurrence's chunks now cost 2.9-3.3 us at 32 rows, 3.1 at 64 and 4.2-6.0 at 128 (more
+// with more CTAs sharing DRAM). The constants are kept: a host copy refitted to those numbers
+// changes H4 T=32K's pick and would segment the H32 rows, and without a bandwidth term and a sweep
+// those picks are not checked (docs/design/20261201-prefill-segments.md, session 11).
 
 struct SegmentChoice {
   int32_t segment_chunks = 0;  // 0: whole sequences
