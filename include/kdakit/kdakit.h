@@ -190,7 +190,7 @@ struct PrefillParams {
   DType dtype_g = DType::kBFloat16;
   DType dtype_beta = DType::kBFloat16;
   DType dtype_state = DType::kFloat32;      // initial_state, final_state
-  std::optional<DType> dtype_chunk_states;  // chunk_states; unset: dtype_state
+  std::optional<DType> dtype_chunk_states{};  // chunk_states; unset: dtype_state
   DType dtype_cu_seqlens = DType::kInt64;
   GateMode gate = GateMode::kPrecomputed;
   StateLayout state_layout = StateLayout::kVFirst;
