@@ -139,6 +139,10 @@ if [ "$run_bench" = 1 ]; then
   timeout "${KDAKIT_BENCH_TIMEOUT:-3000}" python3 -m kdakit.bench.prefill --json "$out/prefill.json" --png "$out/prefill.png" "$@" \
     >"$out/logs/bench_prefill.log" 2>&1
   echo "bench prefill rc=$?" | tee -a "$summary"
+  # device time per kernel of one call (prep, summary and recurrence passes, combine, plan)
+  python3 -m kdakit.bench.prefill --kernels --cases H4-T32K,H16-T32K,H96-fixed,H96-1024x8 \
+    >"$out/logs/bench_prefill_kernels.log" 2>&1
+  echo "bench prefill kernels rc=$?" | tee -a "$summary"
   if [ "$prefill_only" = 0 ]; then
   python3 -m kdakit.bench.prefill --pool --json "$out/prefill_pool.json" \
     >"$out/logs/bench_prefill_pool.log" 2>&1
