@@ -101,3 +101,23 @@ def test_peer_imports_report_a_reason():
         assert "not importable" in peer.describe() and peer.reason
     ok, reason = testing.cuda_available()
     assert ok or reason
+
+
+def test_prefill_bench_modes_exclude_each_other(capsys):
+    from kdakit.bench import prefill as bench
+
+    for modes in (["--kernels", "--pool"], ["--kernels", "--plan-compare"], ["--pool", "--plan-compare"]):
+        with pytest.raises(SystemExit) as err:
+            bench.main(modes)
+        assert err.value.code == 2
+        assert "separate modes" in capsys.readouterr().err
+
+
+def test_prefill_bench_kernels_mode_without_gpu(capsys):
+    ok, _ = testing.cuda_available()
+    if ok:
+        pytest.skip("a CUDA GPU is present: the mode would profile the kernels")
+    from kdakit.bench import prefill as bench
+
+    assert bench.main(["--kernels", "--cases", "H4-T8K"]) == 0
+    assert "needs a CUDA GPU" in capsys.readouterr().out
