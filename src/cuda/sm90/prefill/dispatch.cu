@@ -14,6 +14,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <string>
 #include <type_traits>
 
@@ -105,6 +106,17 @@ PrefillPath forced_path() { return path_override != PrefillPath::kAuto ? path_ov
 // from the whole-sequence ones (rel. L2 2.9e-3 apart) and their errors against float64 match
 // the whole-sequence path's (o 4.32e-3 vs 4.32e-3, state 3.11e-3 vs 3.10e-3).
 constexpr bool kSegmentsByDefault = true;
+// KDAKIT_PREFILL_COMBINE=whole: the segments' combine pass on the one-CTA-per-head kernel
+// (combine.cu) instead of the cluster-split default; set_prefill_combine overrides it.
+int combine_override = -1;
+bool combine_whole() {
+  if (combine_override >= 0) return combine_override != 0;
+  static const bool env = [] {
+    const char* e = std::getenv("KDAKIT_PREFILL_COMBINE");
+    return e != nullptr && std::strcmp(e, "whole") == 0;
+  }();
+  return env;
+}
 struct ForcedSegments {
   bool set = false;
   bool model = false;  // the cost model's choice
@@ -190,6 +202,8 @@ bool use_fused(const PrefillParams& p) {
 void set_prefill_path(PrefillPath path) { path_override = path; }
 
 int32_t prefill_segment_chunks(const PrefillParams& p) { return segment_choice(p).segment_chunks; }
+
+void set_prefill_combine(int whole) { combine_override = whole < 0 ? -1 : whole != 0 ? 1 : 0; }
 
 void set_prefill_segments(int32_t segment_chunks, int rows) {
   segments_override = ForcedSegments{};
@@ -305,7 +319,7 @@ Status run_prefill(const PrefillParams& p, cudaStream_t stream) {
     st = seg.summary_rows == 64 ? prefill::launch_prefill_summaries<64>(p, plan, p.workspace, stream)
                                 : prefill::launch_prefill_summaries<128>(p, plan, p.workspace, stream);
     if (!st.ok()) return st;
-    st = prefill::launch_prefill_combine(p, plan, p.workspace, stream);
+    st = prefill::launch_prefill_combine(p, plan, p.workspace, stream, combine_whole());
     if (!st.ok()) return st;
   }
   switch (rows) {

@@ -20,6 +20,10 @@ void set_prefill_path(PrefillPath path);
 // 128; else the model's).
 inline constexpr int32_t kSegmentsModel = -2;
 void set_prefill_segments(int32_t segment_chunks, int rows = 0);
+// The combine pass of segmented prefill: 1 runs the one-CTA-per-head kernel, 0 the cluster-split
+// one (the default), negatives remove the override (KDAKIT_PREFILL_COMBINE=whole, read once, or
+// the default). The two agree bit for bit; tests run both in one process.
+void set_prefill_combine(int whole);
 // Segment length (chunks) the two-kernel path takes for this call now (0: whole sequences), after
 // the overrides; reads no device memory.
 int32_t prefill_segment_chunks(const PrefillParams& p);

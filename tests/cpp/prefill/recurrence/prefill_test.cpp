@@ -8,7 +8,6 @@
 #include <gtest/gtest.h>
 
 #include <cstdio>
-#include <cstdlib>
 #include <string>
 #include <utility>
 #include <vector>
@@ -165,9 +164,9 @@ TEST_P(PrefillSegmentsGpu, AccuracyEqualsWholeSequences) {
   const Status st_short = run_prefill_on_gpu(c, short_segs);
   // the same segments through the one-CTA-per-head combine kernel (the default splits each head's
   // rows over a cluster; the products and their order are the same, so the results must be too)
-  setenv("KDAKIT_PREFILL_COMBINE", "whole", 1);
+  sm90::set_prefill_combine(1);
   const Status st_short_whole_combine = run_prefill_on_gpu(c, short_whole_combine);
-  unsetenv("KDAKIT_PREFILL_COMBINE");
+  sm90::set_prefill_combine(-1);
   sm90::set_prefill_segments(0);
   const int32_t ls_whole = sm90::prefill_segment_chunks(sizes);
   const Status st_whole = run_prefill_on_gpu(c, whole);

@@ -13,11 +13,12 @@
 // per term, so the chain adds no error beside the recurrence's own. Phi_{s+1} lands by a bulk
 // copy while segment s is multiplied.
 //
-// kda_prefill_combine_split_sm90_kernel (the default; KDAKIT_PREFILL_COMBINE=whole runs the one
-// above): the same products, spread over a cluster of kRowBlocks CTAs per (n, h). Rows of S^T
-// are independent (S_{s+1}^T[v] = S_s^T[v] Phi_s + Psi_s[v]), so CTA r owns value rows
-// 16 r .. 16 r + 15, and its warp w owns key tiles 2 w, 2 w + 1 of them: 48 mma per warp and
-// segment instead of 384, the chain's step shortened about eightfold in MMAs. The price is one
+// kda_prefill_combine_split_sm90_kernel (the default; KDAKIT_PREFILL_COMBINE=whole, read once by
+// the dispatcher, or set_prefill_combine(1) runs the one above): the same products, spread over a
+// cluster of kRowBlocks CTAs per (n, h). Rows of S^T are independent (S_{s+1}^T[v] =
+// S_s^T[v] Phi_s + Psi_s[v]), so CTA r owns value rows 16 r .. 16 r + 15, and its warp w owns
+// key tiles 2 w, 2 w + 1 of them: 48 mma per warp and segment instead of 384, the chain's step
+// shortened about eightfold in MMAs. The price is one
 // exchange per segment: warp w's two tiles, split into bf16 hi + lo, are exactly the A fragment
 // of k-step w, so each warp writes its fragment to shared memory and, after a CTA barrier, reads
 // all eight. Every CTA streams the whole Phi_s (64 KB per segment). Accumulation order per
@@ -28,8 +29,6 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
-#include <cstdlib>
-#include <cstring>
 #include <string>
 
 #include "cuda/common/device_setup.cuh"
@@ -327,7 +326,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 namespace kdakit::sm90::prefill {
 
 Status launch_prefill_combine(const PrefillParams& p, const WorkspacePlan& plan, void* workspace,
-                              cudaStream_t stream) {
+                              cudaStream_t stream, bool whole) {
   using namespace combine;
   if (plan.segment_chunks <= 0) return Status(StatusCode::kInternal, "combine: the plan has no segments");
   if (p.num_seqs == 0) return Status::Ok();
@@ -341,10 +340,6 @@ Status launch_prefill_combine(const PrefillParams& p, const WorkspacePlan& plan,
   cp.num_segment_slots = plan.num_segment_slots;
   cp.segment_chunks = plan.segment_chunks;
 
-  // NOTE: KDAKIT_PREFILL_COMBINE=whole runs the one-CTA-per-head kernel (read on every call, for
-  // the A/B in one process); anything else, or unset, the row-split cluster kernel.
-  const char* choice = std::getenv("KDAKIT_PREFILL_COMBINE");
-  const bool whole = choice != nullptr && std::strcmp(choice, "whole") == 0;
   const int64_t pairs = p.num_seqs * p.num_v_heads;
   if (pairs * (whole ? 1 : kRowBlocks) > int64_t(INT32_MAX)) {
     return Status(StatusCode::kUnsupported, "combine: N * HV * CTAs per head must stay below 2^31");

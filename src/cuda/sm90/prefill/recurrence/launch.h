@@ -27,8 +27,9 @@ Status launch_prefill_recurrence(const PrefillParams& p, const WorkspacePlan& pl
 template <int kValueRows>
 Status launch_prefill_summaries(const PrefillParams& p, const WorkspacePlan& plan, const void* workspace,
                                 cudaStream_t stream);
+// whole: the one-CTA-per-head kernel instead of the cluster-split default (bit-identical results).
 Status launch_prefill_combine(const PrefillParams& p, const WorkspacePlan& plan, void* workspace,
-                              cudaStream_t stream);
+                              cudaStream_t stream, bool whole = false);
 
 // Value rows per CTA: whole heads (one CTA per (sequence, head)) once the (sequence, head)
 // pairs cover half the SMs; fewer heads split V so that the CTAs still cover the SMs (each
