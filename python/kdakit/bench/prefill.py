@@ -368,7 +368,10 @@ def _kernel_breakdown(cases, repeats: int, cooldown: float, json_path: str) -> i
         for ev in prof.events():
             if ev.device_type != torch.autograd.DeviceType.CUDA:
                 continue
-            name = ev.name.split("<")[0].split("(")[0].strip()
+            # the kernel's qualified name without "void ", template arguments and parameters
+            # (an anonymous namespace's "(anonymous namespace)::" would cut it at its "(")
+            name = ev.name.replace("(anonymous namespace)::", "").removeprefix("void ")
+            name = name.split("<")[0].split("(")[0].strip()
             t, n = kernels.get(name, (0.0, 0))
             kernels[name] = (t + (ev.time_range.end - ev.time_range.start), n + 1)  # us
         total_us = sum(t for t, _ in kernels.values()) / repeats
