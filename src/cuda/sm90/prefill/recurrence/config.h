@@ -40,7 +40,17 @@ struct Config {
     static constexpr int kQwkArrays = 4;
     static constexpr size_t kQwkBytes = 2 * kQwkArrays * kChunk * 64 * 2;  // 64 KiB
     static constexpr size_t kMBytes = kChunk * kChunk * 2;        // M [64][64] bf16, swizzled
-    static constexpr size_t kU0Bytes = kChunk * kValueRows * 4;   // U0 [64][kValueRows] fp32
+    // U0 [64][kValueRows] fp32; from 32 rows on as kU0Boxes column blocks
+    // [64 tokens][32] of 128-byte rows whose 16-byte chunk c sits at c ^ (token % 8) (TMA 128B
+    // swizzle). NOTE: unswizzled, the m64n64 accumulator's read (tokens 2t, value rows g) put
+    // the four quads of a warp in one bank: 32 four-way conflicted loads per thread and chunk,
+    // ~1k shared-memory cycles per chunk at 128 rows, ahead of the chunk's first product. At 16
+    // rows (64-byte rows) the tile stays unswizzled.
+    static constexpr size_t kU0Bytes = kChunk * kValueRows * 4;
+    static constexpr bool kU0Swizzled = kValueRows >= 32;
+    static constexpr int kU0Boxes = kU0Swizzled ? kValueRows / 32 : 1;
+    static constexpr int kU0BoxCols = kValueRows / kU0Boxes;
+    static constexpr size_t kU0BoxBytes = kU0Bytes / kU0Boxes;
     static constexpr size_t kDecayBytes = kHeadDim * 4;           // decay [128] fp32
     static constexpr size_t kQwkOffset = 0;
     static constexpr size_t kMOffset = kQwkOffset + kQwkBytes;
@@ -63,7 +73,8 @@ struct Config {
     static constexpr size_t kAllocBytes = kBytes + 1024;
   };
   static_assert(SharedMemoryPlan::kAllocBytes <= 227 * 1024, "shared memory plan exceeds 227 KiB per CTA");
-  static_assert(SharedMemoryPlan::kU0Offset % 128 == 0, "TMA destination of U0 must be 128-byte aligned");
+  static_assert(SharedMemoryPlan::kU0Offset % (SharedMemoryPlan::kU0Swizzled ? 1024 : 128) == 0,
+                "TMA destination of U0 must be 128-byte aligned (1024 when swizzled)");
   static_assert(SharedMemoryPlan::kDecayOffset % 16 == 0, "bulk copy destination must be 16-byte aligned");
   static_assert(SharedMemoryPlan::kMOffset % 1024 == 0, "swizzled TMA destination must be 1024-byte aligned");
 };

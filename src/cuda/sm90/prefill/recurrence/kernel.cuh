@@ -103,7 +103,8 @@ __device__ __forceinline__ uint32_t phi_offset(int row, int col) {
 struct TmaParams {
   CUtensorMap qwk;  // bf16 [blocks][256 rows = Qt|W|Kh|Kh lo][128], box 64 cols x 256 rows, 128B swizzle
   CUtensorMap m;    // bf16 [blocks][64][64], box 64 x 64, 128B swizzle
-  CUtensorMap u0;   // fp32 [blocks][64][128], box kValueRows x 64, no swizzle
+  CUtensorMap u0;   // fp32 [blocks][64][128], box kValueRows x 64, no swizzle (16, 32 rows), or
+                    // 32 x 64, 128B swizzle (64, 128 rows: Config::kU0Swizzled)
   CUtensorMap wkh;  // summaries: the qwk map with a box of rows 64 .. 255 (W|Kh|Kh lo), no Qt
 };
 
@@ -118,6 +119,15 @@ __device__ __forceinline__ uint32_t qwk_addr(uint32_t base, int row, int chunk16
 __device__ __forceinline__ uint32_t m_addr(uint32_t base, int row, int chunk16) {
   return base + uint32_t(row) * 128u + uint32_t(((chunk16 & 7) ^ (row & 7)) << 4);
 }
+// Byte offset of U0 element (token tok, value column col of the CTA's slice) in the stage's
+// swizzled U0 tile (Config::kU0Swizzled: column blocks of 32, 128-byte rows, 16-byte chunk c at
+// c ^ (tok % 8)): the accumulator read of a warp (tokens 2t + {0, 1}, columns g) hits 32 distinct
+// banks. Tokens 8 n + tok lie 1024 n bytes past token tok < 8 (same swizzle phase), so the
+// kernels form the four offsets of (tok in {2t, 2t + 1}, col in {c, c + 8}) once.
+__device__ __forceinline__ uint32_t u0_offset(int tok, int col) {
+  return uint32_t(col >> 5) * (kChunk * 128u) + uint32_t(tok) * 128u + uint32_t((((col >> 2) & 7) ^ (tok & 7)) << 4) +
+         uint32_t(col & 3) * 4u;
+}
 // Byte offset of output element (token tok, value column col < 16) in a warp's staging band: U0
 // row tok (kRowBytes apart), the warp's 64 bytes of it, 16-byte piece (col / 8 + tok / 2) mod 4
 // of those. NOTE: the 4 tokens of one fragment store (2 quad + {0, 1} apart) then use 4 distinct
@@ -125,6 +135,12 @@ __device__ __forceinline__ uint32_t m_addr(uint32_t base, int row, int chunk16) 
 template <int kRowBytes>
 __device__ __forceinline__ uint32_t o_stage_offset(int tok, int col) {
   return uint32_t(tok) * kRowBytes + uint32_t(((col >> 3) * 2 + (tok >> 1)) & 3) * 16u + uint32_t(col & 7) * 2u;
+}
+// The same in a swizzled 32-column U0 tile (32 value rows), from the tile's base: piece p of the
+// band of warp w in row tok is the 16-byte chunk that holds U0 columns 16 w + 4 p .. + 3 there.
+__device__ __forceinline__ uint32_t o_stage_offset_swizzled(int warp, int tok, int col) {
+  const uint32_t piece = uint32_t(((col >> 3) * 2 + (tok >> 1)) & 3);
+  return uint32_t(tok) * 128u + (((4u * uint32_t(warp) + piece) ^ uint32_t(tok & 7)) << 4) + uint32_t(col & 7) * 2u;
 }
 
 // ---- pieces shared with the wgmma version (wgmma.cuh) -----------------------------------------
@@ -166,7 +182,12 @@ __device__ __forceinline__ void issue_block_loads(uint8_t* stage, uint64_t* full
     ptx::tma_load_3d(stage + Smem::kQwkOffset + kQtBytes / 2, &tma.wkh, full, 0, kChunk, block);
     ptx::tma_load_3d(stage + Smem::kQwkOffset + Smem::kQwkBytes / 2 + kQtBytes / 2, &tma.wkh, full, 64, kChunk, block);
   }
-  if (with_u0) ptx::tma_load_3d(stage + Smem::kU0Offset, &tma.u0, full, v0, 0, block);
+  if (with_u0) {
+#pragma unroll
+    for (int b = 0; b < Smem::kU0Boxes; ++b)
+      ptx::tma_load_3d(stage + Smem::kU0Offset + b * Smem::kU0BoxBytes, &tma.u0, full,
+                       v0 + b * Smem::kU0BoxCols, 0, block);
+  }
   ptx::bulk_load(stage + Smem::kDecayOffset,
                  p.chunk_blocks + size_t(block) * kChunkBlockBytes + ChunkBlockLayout::kDecayOffset,
                  uint32_t(Smem::kDecayBytes), full);
@@ -326,6 +347,15 @@ __global__ void __launch_bounds__(Config<kValueRows>::kThreads) __maxnreg__(Conf
   const int ldt_row = (lane % 8) + 8 * ((lane / 8) % 2);
   const int ldt_chunk = lane / 16;
 
+  constexpr bool kSwizzledU0 = Smem::kU0Swizzled;
+  static_assert(!kSwizzledU0 || Smem::kU0BoxCols == 32, "u0_offset addresses 32-column swizzled U0 tiles");
+  uint32_t u0_off[2][2];  // swizzled U0: [value row + 8 hr][token 2 quad + par]
+  #pragma unroll
+  for (int hr = 0; hr < 2; ++hr) {
+    u0_off[hr][0] = u0_offset(2 * quad, warp * 16 + group + 8 * hr);
+    u0_off[hr][1] = u0_offset(2 * quad + 1, warp * 16 + group + 8 * hr);
+  }
+
   for (int j = 0; j < num_chunks; ++j) {
     const int jg = j_begin + j;  // chunk of the sequence
     if (write_chunk_states) store_chunk_state(state, p, chunk_state_base, jg, chunks_per_state, h, vrow, quad);
@@ -341,20 +371,32 @@ __global__ void __launch_bounds__(Config<kValueRows>::kThreads) __maxnreg__(Conf
     const uint32_t m_base = ptx::smem_addr(stage + Smem::kMOffset);
     const float* u0 = reinterpret_cast<const float*>(stage + Smem::kU0Offset);
     // this warp's output staging band: its 16 columns of every U0 row (read above first)
-    uint8_t* const o_band = smem + s * Smem::kStageBytes + Smem::kU0Offset + warp * 64;
+    uint8_t* const o_band = smem + s * Smem::kStageBytes + Smem::kU0Offset + (kSwizzledU0 ? 0 : warp * 64);
     const float* decay = reinterpret_cast<const float*>(stage + Smem::kDecayOffset);
+    auto o_at = [&](int tok, int col) {
+      if constexpr (kSwizzledU0) return o_stage_offset_swizzled(warp, tok, col);
+      else return o_stage_offset<int(Smem::kU0RowBytes)>(tok, col);
+    };
 
     // ---- acc_u = -U0^T; it becomes W S0 - U0 = -U^T below
     float acc_u[8][4];
     float acc_o[8][4];
     #pragma unroll
     for (int t = 0; t < 8; ++t) {
-      const int tok = 8 * t + 2 * quad;
-      const int col = warp * 16 + group;
-      acc_u[t][0] = -u0[tok * kValueRows + col];
-      acc_u[t][1] = -u0[(tok + 1) * kValueRows + col];
-      acc_u[t][2] = -u0[tok * kValueRows + col + 8];
-      acc_u[t][3] = -u0[(tok + 1) * kValueRows + col + 8];
+      if constexpr (kSwizzledU0) {
+        const uint8_t* row = reinterpret_cast<const uint8_t*>(u0) + t * (8 * 128);  // tokens 8 t + 2 quad, + 1
+        acc_u[t][0] = -*reinterpret_cast<const float*>(row + u0_off[0][0]);
+        acc_u[t][1] = -*reinterpret_cast<const float*>(row + u0_off[0][1]);
+        acc_u[t][2] = -*reinterpret_cast<const float*>(row + u0_off[1][0]);
+        acc_u[t][3] = -*reinterpret_cast<const float*>(row + u0_off[1][1]);
+      } else {
+        const int tok = 8 * t + 2 * quad;
+        const int col = warp * 16 + group;
+        acc_u[t][0] = -u0[tok * kValueRows + col];
+        acc_u[t][1] = -u0[(tok + 1) * kValueRows + col];
+        acc_u[t][2] = -u0[tok * kValueRows + col + 8];
+        acc_u[t][3] = -u0[(tok + 1) * kValueRows + col + 8];
+      }
       acc_o[t][0] = acc_o[t][1] = acc_o[t][2] = acc_o[t][3] = 0.f;
     }
 
@@ -417,12 +459,11 @@ __global__ void __launch_bounds__(Config<kValueRows>::kThreads) __maxnreg__(Conf
     __syncwarp();
     #pragma unroll
     for (int t = 0; t < 8; ++t) {
-      constexpr int kRB = int(Smem::kU0RowBytes);
       const int tok = 8 * t + 2 * quad;
-      *reinterpret_cast<__nv_bfloat16*>(o_band + o_stage_offset<kRB>(tok, group)) = __float2bfloat16_rn(acc_o[t][0]);
-      *reinterpret_cast<__nv_bfloat16*>(o_band + o_stage_offset<kRB>(tok + 1, group)) = __float2bfloat16_rn(acc_o[t][1]);
-      *reinterpret_cast<__nv_bfloat16*>(o_band + o_stage_offset<kRB>(tok, group + 8)) = __float2bfloat16_rn(acc_o[t][2]);
-      *reinterpret_cast<__nv_bfloat16*>(o_band + o_stage_offset<kRB>(tok + 1, group + 8)) = __float2bfloat16_rn(acc_o[t][3]);
+      *reinterpret_cast<__nv_bfloat16*>(o_band + o_at(tok, group)) = __float2bfloat16_rn(acc_o[t][0]);
+      *reinterpret_cast<__nv_bfloat16*>(o_band + o_at(tok + 1, group)) = __float2bfloat16_rn(acc_o[t][1]);
+      *reinterpret_cast<__nv_bfloat16*>(o_band + o_at(tok, group + 8)) = __float2bfloat16_rn(acc_o[t][2]);
+      *reinterpret_cast<__nv_bfloat16*>(o_band + o_at(tok + 1, group + 8)) = __float2bfloat16_rn(acc_o[t][3]);
     }
 
     // ---- S^T = S0^T diag(decay) + U^T Kh (k = tokens, n = key channels)
@@ -447,7 +488,6 @@ __global__ void __launch_bounds__(Config<kValueRows>::kThreads) __maxnreg__(Conf
 
     // ---- O: the staging band -> global (before the stage is released: the band is in it)
     {
-      constexpr int kRB = int(Smem::kU0RowBytes);
       __syncwarp();
       const int valid = min(kChunk, seq_len - jg * kChunk);
       __nv_bfloat16* o_chunk = o_seq + int64_t(jg) * kChunk * p.stride_o_t;
@@ -458,7 +498,7 @@ __global__ void __launch_bounds__(Config<kValueRows>::kThreads) __maxnreg__(Conf
           const int col = 8 * (lane % 2);
           if (tok < valid)
             *reinterpret_cast<uint4*>(o_chunk + tok * p.stride_o_t + col) =
-                *reinterpret_cast<const uint4*>(o_band + o_stage_offset<kRB>(tok, col));
+                *reinterpret_cast<const uint4*>(o_band + o_at(tok, col));
         }
       } else {
         #pragma unroll 4
@@ -467,7 +507,7 @@ __global__ void __launch_bounds__(Config<kValueRows>::kThreads) __maxnreg__(Conf
           const int col = lane % 16;
           if (tok < valid)
             o_chunk[tok * p.stride_o_t + col] =
-                *reinterpret_cast<const __nv_bfloat16*>(o_band + o_stage_offset<kRB>(tok, col));
+                *reinterpret_cast<const __nv_bfloat16*>(o_band + o_at(tok, col));
         }
       }
     }
@@ -540,7 +580,8 @@ Status launch(const PrefillParams& p, const WorkspacePlan& plan, const void* wor
                         kChunk, num_blocks, kChunk * 2, kChunk, kChunk, CU_TENSOR_MAP_SWIZZLE_128B, "M");
   if (!st.ok()) return st;
   st = encode_block_map(&tma.u0, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, blocks + ChunkBlockLayout::kU0Offset, kHeadDim,
-                        kChunk, num_blocks, kHeadDim * 4, kValueRows, kChunk, CU_TENSOR_MAP_SWIZZLE_NONE, "U0");
+                        kChunk, num_blocks, kHeadDim * 4, Smem::kU0BoxCols, kChunk,
+                        Smem::kU0Swizzled ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_NONE, "U0");
   if (!st.ok()) return st;
   if constexpr (kSummary) {
     st = encode_block_map(&tma.wkh, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, blocks + ChunkBlockLayout::kQtOffset,

@@ -58,6 +58,7 @@ __global__ void __launch_bounds__(kValueRows * 2, 1)
   constexpr int kHalfBytes = int(Smem::kQwkArrays) * kChunk * 128;
   static_assert(kValueRows == 64 || kValueRows == 128, "wgmma m64: one or two warpgroups of 64 value rows");
   static_assert(Smem::kQwkArrays == 4, "the state update reads Kh lo (array 3)");
+  static_assert(Smem::kU0Swizzled && Smem::kU0BoxCols == 32, "u0_offset addresses the swizzled U0 tile");
   static_assert(Cfg::kThreads == kValueRows * 2, "one warp per 16 value rows");
 
   extern __shared__ uint8_t smem_raw[];
@@ -100,6 +101,13 @@ __global__ void __launch_bounds__(kValueRows * 2, 1)
   const int vslice = 64 * wg + 16 * (warp % 4) + g;  // value row of c0/c1 within the CTA's slice
   const int vrow = v0 + vslice;                       // ... within the head (c2/c3: + 8)
 
+  uint32_t u0_off[2][2];  // [value row + 8 hr][token 2t + par] in the U0 tile
+#pragma unroll
+  for (int hr = 0; hr < 2; ++hr) {
+    u0_off[hr][0] = u0_offset(2 * t, vslice + 8 * hr);
+    u0_off[hr][1] = u0_offset(2 * t + 1, vslice + 8 * hr);
+  }
+
   float state[64];
   float(&state4)[16][4] = reinterpret_cast<float(&)[16][4]>(state);
   if constexpr (kSummary) {
@@ -134,7 +142,7 @@ __global__ void __launch_bounds__(kValueRows * 2, 1)
     const uint8_t* stage = smem + s * Smem::kStageBytes;
     const uint32_t qwk_base = ptx::smem_addr(stage + Smem::kQwkOffset);
     const uint32_t m_base = ptx::smem_addr(stage + Smem::kMOffset);
-    const float* u0 = reinterpret_cast<const float*>(stage + Smem::kU0Offset);
+    const uint8_t* u0 = stage + Smem::kU0Offset;
     const float* decay = reinterpret_cast<const float*>(stage + Smem::kDecayOffset);
 
     // ---- accU = U0^T (value rows x tokens, the m64n64 accumulator layout), accO = 0
@@ -143,10 +151,9 @@ __global__ void __launch_bounds__(kValueRows * 2, 1)
     for (int nt = 0; nt < 8; ++nt) {
 #pragma unroll
       for (int hr = 0; hr < 2; ++hr) {
-        const int tok = 8 * nt + 2 * t;
-        const int col = vslice + 8 * hr;
-        accU[4 * nt + 2 * hr] = phi_run ? 0.f : u0[tok * kValueRows + col];  // Phi: U0 not loaded
-        accU[4 * nt + 2 * hr + 1] = phi_run ? 0.f : u0[(tok + 1) * kValueRows + col];
+        const uint8_t* row = u0 + nt * (8 * 128);  // tokens 8 nt + 2t, + 1
+        accU[4 * nt + 2 * hr] = phi_run ? 0.f : *reinterpret_cast<const float*>(row + u0_off[hr][0]);  // Phi: U0 not loaded
+        accU[4 * nt + 2 * hr + 1] = phi_run ? 0.f : *reinterpret_cast<const float*>(row + u0_off[hr][1]);
       }
     }
 
