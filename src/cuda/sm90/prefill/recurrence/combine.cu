@@ -62,6 +62,36 @@ __device__ __forceinline__ uint32_t phi_addr(uint32_t base, int row, int chunk16
          uint32_t(((chunk16 & 7) ^ (row & 7)) << 4);
 }
 
+// The chain of (sequence n, value head h), shared by both kernels: its first global chunk, its
+// segment length and its segment count (below 2: nothing to combine). The
+// plan's offsets are device data, clamped so that no load leaves the workspace.
+struct Chain {
+  int c0, ls, nseg;
+};
+__device__ __forceinline__ Chain chain_of(const CombineParams& p, int n) {
+  Chain c;
+  c.c0 = p.chunk_offsets[n];
+  int nc = p.chunk_offsets[n + 1] - c.c0;
+  c.c0 = max(0, min(c.c0, int(p.max_chunks)));
+  nc = max(0, min(nc, int(p.max_chunks) - c.c0));
+  c.ls = p.segment_chunks;
+  c.nseg = max(1, (nc + c.ls - 1) / c.ls);
+  return c;
+}
+// Segment s's area (Psi, Phi hi, Phi lo) for value head h.
+__device__ __forceinline__ uint8_t* segment_area(const CombineParams& p, const Chain& c, int h, int s) {
+  const int64_t slot = segment_slot(c.c0, s, c.ls);
+  return p.segments + (size_t(slot) * p.num_v_heads + h) * kSegmentBytes;
+}
+// Phi_s (hi, lo) from `area` into buffer s % 2 of shared memory, completing on full[s % 2].
+__device__ __forceinline__ void issue_phi(uint8_t* smem, uint64_t* full, const uint8_t* area, int s) {
+  const int b = s & 1;
+  uint8_t* buf = smem + b * kBufferBytes;
+  ptx::mbarrier_arrive_expect_tx(&full[b], 2 * kPhiBytes);
+  ptx::bulk_load(buf, area + SegmentLayout::kPhiHiOffset, kPhiBytes, &full[b]);
+  ptx::bulk_load(buf + kPhiBytes, area + SegmentLayout::kPhiLoOffset, kPhiBytes, &full[b]);
+}
+
 __global__ void __launch_bounds__(kThreads, 1) kda_prefill_combine_sm90_kernel(const __grid_constant__ CombineParams p) {
   extern __shared__ uint8_t smem_raw[];
   uint8_t* smem = smem_raw + ((128u - (ptx::smem_addr(smem_raw) & 127u)) & 127u);
@@ -70,27 +100,11 @@ __global__ void __launch_bounds__(kThreads, 1) kda_prefill_combine_sm90_kernel(c
   const int HV = p.num_v_heads;
   const int h = int(blockIdx.x % unsigned(HV));
   const int n = int(blockIdx.x / unsigned(HV));
-  int c0 = p.chunk_offsets[n];
-  int nc = p.chunk_offsets[n + 1] - c0;
-  c0 = max(0, min(c0, int(p.max_chunks)));
-  nc = max(0, min(nc, int(p.max_chunks) - c0));
-  const int ls = p.segment_chunks;
-  const int nseg = max(1, (nc + ls - 1) / ls);
-  if (nseg < 2) return;
-  const int full_segments = nseg - 1;
-
-  auto area = [&](int s) {
-    const int64_t slot = segment_slot(c0, s, ls);
-    return p.segments + (size_t(slot) * HV + h) * kSegmentBytes;
-  };
-  auto issue = [&](int s) {
-    const int b = s & 1;
-    uint8_t* buf = smem + b * kBufferBytes;
-    const uint8_t* src = area(s);
-    ptx::mbarrier_arrive_expect_tx(&full[b], 2 * kPhiBytes);
-    ptx::bulk_load(buf, src + SegmentLayout::kPhiHiOffset, kPhiBytes, &full[b]);
-    ptx::bulk_load(buf + kPhiBytes, src + SegmentLayout::kPhiLoOffset, kPhiBytes, &full[b]);
-  };
+  const Chain chain = chain_of(p, n);
+  if (chain.nseg < 2) return;
+  const int full_segments = chain.nseg - 1;
+  auto area = [&](int s) { return segment_area(p, chain, h, s); };
+  auto issue = [&](int s) { issue_phi(smem, full, area(s), s); };
   if (threadIdx.x == 0) {
     ptx::mbarrier_init(&full[0], 1);
     ptx::mbarrier_init(&full[1], 1);
@@ -188,27 +202,11 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int pair = int(blockIdx.x / unsigned(kRowBlocks));
   const int h = pair % HV;
   const int n = pair / HV;
-  int c0 = p.chunk_offsets[n];
-  int nc = p.chunk_offsets[n + 1] - c0;
-  c0 = max(0, min(c0, int(p.max_chunks)));
-  nc = max(0, min(nc, int(p.max_chunks) - c0));
-  const int ls = p.segment_chunks;
-  const int nseg = max(1, (nc + ls - 1) / ls);
-  if (nseg < 2) return;  // the whole cluster returns: same (n, h)
-  const int full_segments = nseg - 1;
-
-  auto area = [&](int s) {
-    const int64_t slot = segment_slot(c0, s, ls);
-    return p.segments + (size_t(slot) * HV + h) * kSegmentBytes;
-  };
-  auto issue = [&](int s) {
-    const int b = s & 1;
-    uint8_t* buf = smem + b * kBufferBytes;
-    const uint8_t* src = area(s);
-    ptx::mbarrier_arrive_expect_tx(&full[b], 2 * kPhiBytes);
-    ptx::bulk_load(buf, src + SegmentLayout::kPhiHiOffset, kPhiBytes, &full[b]);
-    ptx::bulk_load(buf + kPhiBytes, src + SegmentLayout::kPhiLoOffset, kPhiBytes, &full[b]);
-  };
+  const Chain chain = chain_of(p, n);
+  if (chain.nseg < 2) return;  // the whole cluster returns: same (n, h)
+  const int full_segments = chain.nseg - 1;
+  auto area = [&](int s) { return segment_area(p, chain, h, s); };
+  auto issue = [&](int s) { issue_phi(smem, full, area(s), s); };
   if (threadIdx.x == 0) {
     ptx::mbarrier_init(&full[0], 1);
     ptx::mbarrier_init(&full[1], 1);
