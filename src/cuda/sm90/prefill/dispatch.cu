@@ -172,12 +172,13 @@ prefill::SegmentChoice segment_choice(const PrefillParams& p) {
 }
 
 // Segment length the workspace is sized for when only the batch sizes are known: the shortest
-// the cost model picks (16 chunks: the most slots), for sequences long enough to be segmented.
+// the cost model may pick for these heads (min_segment_chunks: the most slots), for sequences
+// long enough to be segmented.
 int32_t sizing_segment_chunks(const PrefillParams& p) {
   const ForcedSegments f = forced_segments();
   if (f.set && !f.model) return f.chunks;
   if (!f.set && !kSegmentsByDefault) return 0;
-  return (p.seqlen + prefill::kChunk - 1) / prefill::kChunk > 16 ? 16 : 0;
+  return (p.seqlen + prefill::kChunk - 1) / prefill::kChunk > 16 ? prefill::min_segment_chunks(p.num_v_heads) : 0;
 }
 
 // NOTE: the fused kernel is the default only for batches of short sequences, where it measured
@@ -224,8 +225,9 @@ void set_prefill_segments(int32_t segment_chunks, int rows) {
 // N can move a batch from the fused path to the two-kernel one). Queried with a call's tensors,
 // the answer is that call's path's.
 // NOTE: segments (few heads, long sequences) add a segment area after the chunk blocks, at most
-// 128 KiB per 16 chunks and head (~9% of the blocks); a batch-only query includes it at its
-// largest, so one buffer sized for the largest batch covers every smaller one.
+// 128 KiB per 16 chunks and head (~8% of the blocks; per 8 chunks at most 4 value heads, ~15%); a
+// batch-only query includes it at its largest, so one buffer sized for the largest batch covers
+// every smaller one.
 size_t prefill_workspace_size(const PrefillParams& p) {
   const bool batch_only = p.q == nullptr && p.head_dim_k == 0;
   const PrefillPath f = forced_path();

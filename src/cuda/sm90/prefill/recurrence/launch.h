@@ -103,7 +103,15 @@ constexpr double pass_us(bool packed, int64_t ctas, int64_t chain, int64_t total
   return spread > longest ? spread : longest;
 }
 
-// Shortest predicted recurrence time over segment lengths of 16 .. 256 chunks, or whole
+// Shortest segment the model considers: 8 chunks for at most 4 value heads, else 16.
+// NOTE: H200 (session 11, forced choices, ms of the whole call): H4 T=8K 8:64:128 0.147 against
+// the 16-chunk pick 16:32:64 0.161, H8 T=8K 8:64:128 0.248 against 16:64:128 0.224. The model
+// with 8-chunk segments allowed picks exactly those two (8 at H4, 16 at H8) and changes no other
+// few-head pick; the guard keeps the workspace's segment area (sized for the shortest segment a
+// batch-only query's batches may take, dispatch.cu) at its 16-chunk size from 5 heads on.
+constexpr int32_t min_segment_chunks(int32_t num_v_heads) { return num_v_heads <= 4 ? 8 : 16; }
+
+// Shortest predicted recurrence time over segment lengths of 8 or 16 .. 256 chunks, or whole
 // sequences when segmenting does not save a fifth. Packed batches: the longest sequence may
 // hold all T tokens, and the total chunks are at most T / 64 + N.
 constexpr SegmentChoice choose_segments(int64_t batch, int64_t seqlen, int64_t num_seqs, bool packed,
@@ -117,7 +125,7 @@ constexpr SegmentChoice choose_segments(int64_t batch, int64_t seqlen, int64_t n
                                 total_chunks * num_v_heads * (128 / rows0), recurrence_chunk_us(rows0), num_sms);
   best.predicted_us = best.unsegmented_us;
   if (num_seqs <= 0 || nc <= 16) return best;
-  for (int32_t ls = 16; ls <= 256; ls *= 2) {
+  for (int32_t ls = min_segment_chunks(num_v_heads); ls <= 256; ls *= 2) {
     if (ls >= nc) break;
     const int64_t per_seq = (nc + ls - 1) / ls;
     const int64_t segs = packed ? std::min<int64_t>(num_seqs * per_seq, per_seq + num_seqs) : num_seqs * per_seq;
@@ -161,6 +169,11 @@ static_assert(choose_segments(1, 8192, 8, true, 32, 132).segment_chunks == 0, "H
 static_assert(choose_segments(1, 40960, 9, true, 4, 132).segment_chunks == 32, "H4 32K + 8 x 1K: 32-chunk segments");
 static_assert(choose_segments(1, 40960, 9, true, 16, 132).segment_chunks == 32, "H16 32K + 8 x 1K: 32-chunk segments");
 static_assert(choose_segments(1, 8192, 1, false, 16, 132).segment_chunks == 16, "H16 T=8K: 16-chunk segments");
+static_assert(choose_segments(1, 8192, 1, false, 8, 132).segment_chunks == 16, "H8 T=8K: 16-chunk segments");
+static_assert(choose_segments(1, 8192, 1, false, 4, 132).segment_chunks == 8 &&
+                  choose_segments(1, 8192, 1, false, 4, 132).rows == 64 &&
+                  choose_segments(1, 8192, 1, false, 4, 132).summary_rows == 128,
+              "H4 T=8K: 8-chunk segments, 64-row recurrence, 128-row summaries (the measured fastest)");
 static_assert(choose_segments(1, 32768, 1, false, 4, 132).segment_chunks == 32, "H4 T=32K: 32-chunk segments");
 static_assert(choose_segments(1, 131072, 1, false, 4, 132).segment_chunks == 64, "H4 T=128K: 64-chunk segments");
 static_assert(choose_segments(1, 32768, 1, false, 8, 132).segment_chunks == 32, "H8 T=32K: 32-chunk segments");
