@@ -114,8 +114,16 @@ constexpr int32_t min_segment_chunks(int32_t num_v_heads) { return num_v_heads <
 // Shortest predicted recurrence time over segment lengths of 8 or 16 .. 256 chunks, or whole
 // sequences when segmenting does not save a fifth. Packed batches: the longest sequence may
 // hold all T tokens, and the total chunks are at most T / 64 + N.
+// NOTE: one packed sequence (cu_seqlens of length 2, how engines pass a single prompt) is
+// modelled as a fixed batch of one: it holds at most T tokens, one chain, like a batch row. The
+// packed model's 7-us combine step was fitted on the 32K + 8 x 1K rows (many chains) and, applied
+// to one sequence, kept the session-10 fixed-batch picks off the benchmark's single-sequence rows
+// (they are packed), which measured faster forced: H4 T=128K 64-chunk segments 1.461 ms against
+// 1.521, H8 T=32K 32: 0.766 / 0.790, H16 T=8K 16: 0.426 / 0.460; session 12, H4 T=8K 8:64:128
+// 0.148 against 16:32:64 0.162.
 constexpr SegmentChoice choose_segments(int64_t batch, int64_t seqlen, int64_t num_seqs, bool packed,
                                         int32_t num_v_heads, int num_sms) {
+  if (packed && num_seqs == 1) packed = false, batch = 1;
   SegmentChoice best{};
   const int64_t nc = (seqlen + 63) / 64;  // chunks of the longest sequence
   const int64_t total_chunks = packed ? nc + num_seqs : batch * nc;
@@ -166,6 +174,10 @@ static_assert(choose_segments(1, 8192, 8, true, 96, 132).segment_chunks == 0, "H
 static_assert(choose_segments(1, 8192, 9, true, 96, 132).segment_chunks == 0, "H96 4096+8x512");
 static_assert(choose_segments(1, 8192, 6, true, 64, 132).segment_chunks == 0, "H64 mixed: whole sequences");
 static_assert(choose_segments(1, 8192, 8, true, 32, 132).segment_chunks == 0, "H32 1024x8: whole sequences");
+static_assert(choose_segments(1, 8192, 1, true, 4, 132).segment_chunks == 8, "one packed sequence: as a fixed batch");
+static_assert(choose_segments(1, 131072, 1, true, 4, 132).segment_chunks == 64, "one packed sequence: as a fixed batch");
+static_assert(choose_segments(1, 32768, 1, true, 8, 132).segment_chunks == 32, "one packed sequence: as a fixed batch");
+static_assert(choose_segments(1, 8192, 1, true, 16, 132).segment_chunks == 16, "one packed sequence: as a fixed batch");
 static_assert(choose_segments(1, 40960, 9, true, 4, 132).segment_chunks == 32, "H4 32K + 8 x 1K: 32-chunk segments");
 static_assert(choose_segments(1, 40960, 9, true, 16, 132).segment_chunks == 32, "H16 32K + 8 x 1K: 32-chunk segments");
 static_assert(choose_segments(1, 8192, 1, false, 16, 132).segment_chunks == 16, "H16 T=8K: 16-chunk segments");
