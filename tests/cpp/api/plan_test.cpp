@@ -175,6 +175,44 @@ TEST(PlanWorkspaceSize, LongestSequenceHintRoutesALongMemberPastTheFusedKernel) 
   EXPECT_EQ(prefill_workspace_size(fixed), fixed_size);
   sm90::set_prefill_segments(-1);
 }
+
+// One buffer sized from the largest batch's fields covers every call with at most those sizes,
+// whatever segments the cost model picks for it: 8-chunk segments at up to 4 value heads
+// (recurrence/launch.h, min_segment_chunks), one packed sequence modelled as a fixed batch.
+TEST(PlanWorkspaceSize, BatchOnlySizeCoversTheModelsSegmentsOfEverySmallerCall) {
+  sm90::set_prefill_path(sm90::PrefillPath::kAuto);
+  sm90::set_prefill_segments(-1);  // the default: the cost model's choice
+  int checked = 0, segmented = 0, eight = 0;
+  for (const int32_t hv : {1, 2, 4, 5, 8, 16, 32}) {
+    for (const int64_t t_max : {2048, 8192, 32768, 131072}) {
+      for (const int64_t n_max : {1, 3, 9}) {
+        for (const bool packed : {true, false}) {
+          std::vector<int64_t> cu(size_t(n_max) + 1, 0);
+          const size_t budget = prefill_workspace_size(batch_fields(t_max, n_max, hv, packed ? cu.data() : nullptr));
+          for (const int64_t t : {t_max, t_max / 2 + 1, int64_t(1100), int64_t(1025)}) {
+            for (int64_t n = 1; n <= n_max; n += 2) {
+              if (t > t_max) continue;
+              PrefillParams call = batch_fields(t, n, hv, packed ? cu.data() : nullptr);
+              call.num_qk_heads = hv;
+              call.head_dim_k = call.head_dim_v = 128;
+              const int32_t ls = sm90::prefill_segment_chunks(call);
+              segmented += ls > 0;
+              eight += ls == 8;
+              ++checked;
+              EXPECT_GE(budget, prefill_workspace_size(call))
+                  << "HV " << hv << (packed ? " packed" : " fixed") << ", sized for T " << t_max << " N " << n_max
+                  << ", call T " << t << " N " << n << " (segments of " << ls << " chunks)";
+            }
+          }
+        }
+      }
+    }
+  }
+  // the sweep reaches the cases it is for (checked to fail with the batch-only size at 16 chunks)
+  EXPECT_GT(segmented, 0);
+  EXPECT_GT(eight, 0) << "no call took 8-chunk segments";
+  EXPECT_GT(checked, 300);
+}
 #endif
 
 TEST(PlanWorkspaceSize, InvalidBatchFieldsSizeNothing) {
