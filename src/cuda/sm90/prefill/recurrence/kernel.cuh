@@ -123,10 +123,19 @@ __device__ __forceinline__ uint32_t m_addr(uint32_t base, int row, int chunk16) 
 // swizzled U0 tile (Config::kU0Swizzled: column blocks of 32, 128-byte rows, 16-byte chunk c at
 // c ^ (tok % 8)): the accumulator read of a warp (tokens 2t + {0, 1}, columns g) hits 32 distinct
 // banks. Tokens 8 n + tok lie 1024 n bytes past token tok < 8 (same swizzle phase), so the
-// kernels form the four offsets of (tok in {2t, 2t + 1}, col in {c, c + 8}) once.
+// kernels form the four offsets of (tok in {2t, 2t + 1}, col in {c, c + 8}) once (below).
 __device__ __forceinline__ uint32_t u0_offset(int tok, int col) {
   return uint32_t(col >> 5) * (kChunk * 128u) + uint32_t(tok) * 128u + uint32_t((((col >> 2) & 7) ^ (tok & 7)) << 4) +
          uint32_t(col & 3) * 4u;
+}
+// The four offsets of a thread's accumulator fragment: off[hr][par] for token 2 quad + par and
+// value column col + 8 hr; tokens 8 n + 2 quad + par are n * 1024 bytes further.
+__device__ __forceinline__ void u0_fragment_offsets(uint32_t (&off)[2][2], int quad, int col) {
+  #pragma unroll
+  for (int hr = 0; hr < 2; ++hr) {
+    off[hr][0] = u0_offset(2 * quad, col + 8 * hr);
+    off[hr][1] = u0_offset(2 * quad + 1, col + 8 * hr);
+  }
 }
 // Byte offset of output element (token tok, value column col < 16) in a warp's staging band: U0
 // row tok (kRowBytes apart), the warp's 64 bytes of it, 16-byte piece (col / 8 + tok / 2) mod 4
@@ -350,11 +359,7 @@ __global__ void __launch_bounds__(Config<kValueRows>::kThreads) __maxnreg__(Conf
   constexpr bool kSwizzledU0 = Smem::kU0Swizzled;
   static_assert(!kSwizzledU0 || Smem::kU0BoxCols == 32, "u0_offset addresses 32-column swizzled U0 tiles");
   uint32_t u0_off[2][2];  // swizzled U0: [value row + 8 hr][token 2 quad + par]
-  #pragma unroll
-  for (int hr = 0; hr < 2; ++hr) {
-    u0_off[hr][0] = u0_offset(2 * quad, warp * 16 + group + 8 * hr);
-    u0_off[hr][1] = u0_offset(2 * quad + 1, warp * 16 + group + 8 * hr);
-  }
+  u0_fragment_offsets(u0_off, quad, warp * 16 + group);
 
   for (int j = 0; j < num_chunks; ++j) {
     const int jg = j_begin + j;  // chunk of the sequence

@@ -123,7 +123,10 @@ constexpr int32_t min_segment_chunks(int32_t num_v_heads) { return num_v_heads <
 // 0.148 against 16:32:64 0.162.
 constexpr SegmentChoice choose_segments(int64_t batch, int64_t seqlen, int64_t num_seqs, bool packed,
                                         int32_t num_v_heads, int num_sms) {
-  if (packed && num_seqs == 1) packed = false, batch = 1;
+  if (packed && num_seqs == 1) {
+    packed = false;
+    batch = 1;
+  }
   SegmentChoice best{};
   const int64_t nc = (seqlen + 63) / 64;  // chunks of the longest sequence
   const int64_t total_chunks = packed ? nc + num_seqs : batch * nc;

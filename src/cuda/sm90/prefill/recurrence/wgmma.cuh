@@ -102,11 +102,7 @@ __global__ void __launch_bounds__(kValueRows * 2, 1)
   const int vrow = v0 + vslice;                       // ... within the head (c2/c3: + 8)
 
   uint32_t u0_off[2][2];  // [value row + 8 hr][token 2t + par] in the U0 tile
-#pragma unroll
-  for (int hr = 0; hr < 2; ++hr) {
-    u0_off[hr][0] = u0_offset(2 * t, vslice + 8 * hr);
-    u0_off[hr][1] = u0_offset(2 * t + 1, vslice + 8 * hr);
-  }
+  u0_fragment_offsets(u0_off, t, vslice);
 
   float state[64];
   float(&state4)[16][4] = reinterpret_cast<float(&)[16][4]>(state);
