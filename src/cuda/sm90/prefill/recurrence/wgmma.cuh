@@ -153,34 +153,37 @@ __global__ void __launch_bounds__(kValueRows * 2, 1)
       }
     }
 
-    // ---- accU -= S0^T W^T, accO = S0^T Qt^T (S0 as hi + lo in both); one key-channel half at a time
+    // ---- S0 as bf16 hi + lo A fragments of all 128 key channels (k-step kk)
+    uint32_t sa[8][4], sl[8][4];
 #pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      uint32_t sa[4][4], sl[4][4];
+    for (int kk = 0; kk < 8; ++kk) {
+      ptx::split_bf16(state4[2 * kk][0], state4[2 * kk][1], sa[kk][0], sl[kk][0]);
+      ptx::split_bf16(state4[2 * kk][2], state4[2 * kk][3], sa[kk][1], sl[kk][1]);
+      ptx::split_bf16(state4[2 * kk + 1][0], state4[2 * kk + 1][1], sa[kk][2], sl[kk][2]);
+      ptx::split_bf16(state4[2 * kk + 1][2], state4[2 * kk + 1][3], sa[kk][3], sl[kk][3]);
+    }
+    // ---- accU -= S0^T W^T (group 1), then accO = S0^T Qt^T (group 2): U, which the rest of the
+    // chunk waits for, leaves the tensor pipe first, and U's conversion below runs while the
+    // output's products are still in it
+    ptx::wgmma_fence();
 #pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const int kk = 4 * half + i;
-        ptx::split_bf16(state4[2 * kk][0], state4[2 * kk][1], sa[i][0], sl[i][0]);
-        ptx::split_bf16(state4[2 * kk][2], state4[2 * kk][3], sa[i][1], sl[i][1]);
-        ptx::split_bf16(state4[2 * kk + 1][0], state4[2 * kk + 1][1], sa[i][2], sl[i][2]);
-        ptx::split_bf16(state4[2 * kk + 1][2], state4[2 * kk + 1][3], sa[i][3], sl[i][3]);
-      }
-      ptx::wgmma_fence();
+    for (int kk = 0; kk < 8; ++kk) {
+      common::gmma_rs<common::OpNegRS64>(sl[kk], qwk_desc_k<kHalfBytes>(qwk_base, 1, kk), accU, true);
+      common::gmma_rs<common::OpNegRS64>(sa[kk], qwk_desc_k<kHalfBytes>(qwk_base, 1, kk), accU, true);
+    }
+    ptx::wgmma_commit();
+    if constexpr (!kSummary) {
 #pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const int kk = 4 * half + i;
-        common::gmma_rs<common::OpNegRS64>(sl[i], qwk_desc_k<kHalfBytes>(qwk_base, 1, kk), accU, true);
-        common::gmma_rs<common::OpNegRS64>(sa[i], qwk_desc_k<kHalfBytes>(qwk_base, 1, kk), accU, true);
-        if constexpr (!kSummary) {
-          common::gmma_rs<common::OpRS64>(sa[i], qwk_desc_k<kHalfBytes>(qwk_base, 0, kk), accO, kk > 0);
-          common::gmma_rs<common::OpRS64>(sl[i], qwk_desc_k<kHalfBytes>(qwk_base, 0, kk), accO, true);
-        }
+      for (int kk = 0; kk < 8; ++kk) {
+        common::gmma_rs<common::OpRS64>(sa[kk], qwk_desc_k<kHalfBytes>(qwk_base, 0, kk), accO, kk > 0);
+        common::gmma_rs<common::OpRS64>(sl[kk], qwk_desc_k<kHalfBytes>(qwk_base, 0, kk), accO, true);
       }
       ptx::wgmma_commit();
+      ptx::wgmma_wait<1>();
+    } else {
       ptx::wgmma_wait<0>();
-      ptx::fence_operands(accU);
-      if constexpr (!kSummary) ptx::fence_operands(accO);
     }
+    ptx::fence_operands(accU);
 
     // ---- U^T as bf16 hi + lo A fragments (k = tokens)
     uint32_t uh[4][4], ul[4][4];
@@ -192,7 +195,7 @@ __global__ void __launch_bounds__(kValueRows * 2, 1)
       ptx::split_bf16(accU[8 * ks + 6], accU[8 * ks + 7], uh[ks][3], ul[ks][3]);
     }
 
-    // ---- accO += U^T M^T
+    // ---- accO += U^T M^T (accumulates behind the group of S0^T Qt^T, same registers)
     if constexpr (!kSummary) {
       ptx::wgmma_fence();
 #pragma unroll
@@ -215,6 +218,7 @@ __global__ void __launch_bounds__(kValueRows * 2, 1)
     ptx::wgmma_commit();
 
     // ---- O, while the state's group runs: value rows vrow, vrow + 8 of tokens 8 nt + 2t, +1
+    // (wait<1>: every group but the state's, i.e. S0^T Qt^T and U^T M^T, has completed)
     if constexpr (!kSummary) {
       ptx::wgmma_wait<1>();
       ptx::fence_operands(accO);
