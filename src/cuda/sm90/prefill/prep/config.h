@@ -50,24 +50,74 @@ constexpr int kb_row_offset(int R) { return kSubBlock * R * (R + 1) / 2; }
 inline constexpr int kKbRows = kb_row_offset(kSubBlocks);  // 16 + 32 + 48 + 64 = 160
 
 // Phase 2's work split. L and M are each 20 n8 tiles (16 rows x 8 columns, k = 128): sub-block
-// R's rows times columns 0 .. 16 (R + 1) - 1, flat index f over R = 3 (nt 0..7), R = 2 (nt 0..5),
-// R = 1 (nt 0..3), R = 0 (nt 0..1). M's tiles take two mma per k-step (A^M as bf16 hi + lo),
-// L's one: warp w < 4 takes L's f = 5 w .. 5 w + 4 and M's f = 16 + w (7 mma per k-step), warp
-// w >= 4 M's f = 4 (w - 4) .. + 3 (8), at most two sub-blocks (A operands) per matrix and warp.
-// NOTE: one warp per sub-block gave 1 to 8 mma per k-step, and the barrier after the products
-// waited for the sub-block-3 warps; five tiles per warp and matrix (session 6) became 5 against
-// 10 mma per k-step once M took two passes.
-inline constexpr int kLmTilesPerWarp = 5;   // L tiles of warps 0-3
-inline constexpr int kMTilesPerMWarp = 4;   // M tiles of warps 4-7 (warps 0-3 take the last four)
-struct LmTile {
-  int R, nt;
+// R's rows times columns 0 .. 16 (R + 1) - 1, i.e. nt < 2 (R + 1). M's tiles take two mma per
+// k-step (A^M as bf16 hi + lo), L's one. Each warp runs up to two segments, a segment being up to
+// four consecutive tiles of one matrix in one sub-block (one A operand): at most 8 mma per
+// k-step per warp (warps 6, 7: 6).
+// NOTE: a segment's sub-block and first tile are runtime values, so warps of one shape
+// (lm_shape) share one product loop: four copies in all. The split it
+// replaced (warp w < 4: L's tiles 5 w .. 5 w + 4 and one M tile, w >= 4: four M tiles, spanning
+// up to two sub-blocks) was a compile-time template per warp: 8 inlined copies of the product
+// loop, 2,275 of the kernel's 8,000 SASS instructions. The prep kernel is sensitive to its code
+// size (8,720 instructions of which the extra 720 never ran made it 22% slower at two CTAs per
+// SM on the H200, docs/design/20261129-prefill.md, session 13).
+struct LmSegment {
+  int m;    // 0: L (strictly lower), 1: M (with its diagonal)
+  int R;    // sub-block (row block)
+  int nt0;  // first n8 tile (columns 8 nt0 ..)
+  int n;    // tiles, 0..4 (0: no segment)
 };
-constexpr LmTile lm_tile(int f) {
-  return f < 8 ? LmTile{3, f} : f < 14 ? LmTile{2, f - 8} : f < 18 ? LmTile{1, f - 14} : LmTile{0, f - 18};
+__host__ __device__ constexpr LmSegment lm_segment(int warp, int which) {
+  switch (2 * warp + which) {
+    case 0: return {1, 3, 0, 4};   // warp 0: M R3 nt 0-3
+    case 2: return {1, 3, 4, 4};   // warp 1: M R3 nt 4-7
+    case 4: return {1, 2, 0, 4};   // warp 2: M R2 nt 0-3
+    case 6: return {1, 2, 4, 2};   // warp 3: M R2 nt 4-5, M R1 nt 0-1
+    case 7: return {1, 1, 0, 2};
+    case 8: return {1, 1, 2, 2};   // warp 4: M R1 nt 2-3, M R0 nt 0-1
+    case 9: return {1, 0, 0, 2};
+    case 10: return {0, 3, 0, 4};  // warp 5: L R3 nt 0-3, L R2 nt 0-3
+    case 11: return {0, 2, 0, 4};
+    case 12: return {0, 3, 4, 4};  // warp 6: L R3 nt 4-7, L R2 nt 4-5
+    case 13: return {0, 2, 4, 2};
+    case 14: return {0, 1, 0, 4};  // warp 7: L R1 nt 0-3, L R0 nt 0-1
+    case 15: return {0, 0, 0, 2};
+    default: return {0, 0, 0, 0};
+  }
 }
-static_assert(lm_tile(4 * kLmTilesPerWarp - 1).R == 0 && lm_tile(4 * kLmTilesPerWarp - 1).nt == 1,
-              "warps 0-3 cover L's 20 tiles");
-static_assert(4 * kMTilesPerMWarp + 4 == 4 * kLmTilesPerWarp, "warps 4-7 and one tile on each of warps 0-3 cover M's");
+// The code shape of a warp's segments: 0 (M, 4), 1 (M, 2) + (M, 2), 2 (L, 4) + (L, 4),
+// 3 (L, 4) + (L, 2) as (matrix, tiles); kernel.cuh has one product loop per shape.
+__host__ __device__ constexpr int lm_shape(int warp) { return warp < 3 ? 0 : warp < 5 ? 1 : warp == 5 ? 2 : 3; }
+constexpr bool lm_shapes_match() {
+  constexpr int kShape[4][4] = {{1, 4, 0, 0}, {1, 2, 1, 2}, {0, 4, 0, 4}, {0, 4, 0, 2}};
+  for (int w = 0; w < kWarps; ++w) {
+    const int* sh = kShape[lm_shape(w)];
+    const LmSegment s0 = lm_segment(w, 0), s1 = lm_segment(w, 1);
+    if (s0.m != sh[0] || s0.n != sh[1] || s1.n != sh[3] || (s1.n > 0 && s1.m != sh[2])) return false;
+  }
+  return true;
+}
+static_assert(lm_shapes_match(), "each warp's segments must have its shape's matrices and tile counts");
+// Every tile of both matrices exactly once, no segment past its sub-block's last tile.
+constexpr bool lm_segments_cover_once() {
+  int seen[2][kSubBlocks][2 * kSubBlocks] = {};
+  for (int w = 0; w < kWarps; ++w) {
+    for (int which = 0; which < 2; ++which) {
+      const LmSegment s = lm_segment(w, which);
+      if (s.n < 0 || s.n > 4) return false;
+      for (int i = 0; i < s.n; ++i) {
+        if (s.nt0 + i >= 2 * (s.R + 1)) return false;
+        ++seen[s.m][s.R][s.nt0 + i];
+      }
+    }
+  }
+  for (int m = 0; m < 2; ++m)
+    for (int R = 0; R < kSubBlocks; ++R)
+      for (int nt = 0; nt < 2 * (R + 1); ++nt)
+        if (seen[m][R][nt] != 1) return false;
+  return true;
+}
+static_assert(lm_segments_cover_once(), "phase 2's segments must cover L's and M's 20 tiles exactly once");
 
 // Shared memory plan (bytes). bf16 [rows][128] arrays are 256-byte rows whose sixteen 16-byte
 // chunks are XOR-swizzled by (row & 7): ldmatrix of 8 rows at one logical chunk then hits 8

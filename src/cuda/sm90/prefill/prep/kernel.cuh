@@ -28,9 +28,9 @@
 //      groups); norms (8-warp shared sums in fixed order). Writes Qt, Kh, decay to the block;
 //      Kt, A^L, A^M (in place over k, q), B^(R) to shared memory (bf16, 16-byte chunks
 //      XOR-swizzled by row).
-//   2. L, M on tensor cores: each is 20 n8 tiles (config.h, lm_tile); warps 0-3 compute five
-//      of L's and one of M's each, warps 4-7 four of M's (lm_phase). M's A operand is A^M as bf16 hi + lo (its lo tile in V's space, V
-//      loaded after this phase): the rounding of A^M was the largest single share of the
+//   2. L, M on tensor cores: each is 20 n8 tiles, split over the warps as up to two segments
+//      of one matrix and sub-block each (config.h, lm_segment), one product loop per segment shape.
+//      M's A operand is A^M as bf16 hi + lo (its lo tile in V's space, V loaded after this phase): the rounding of A^M was the largest single share of the
 //      output error on lower-bound gates (tools/chunked_rounding_model.py).
 //   3. L, M to shared fp32 (masked), per-element terms of wide-span channels, M to the block.
 //   4. T on tensor cores (config.h): warps 0-3 invert their diagonal 16 x 16 block in registers
@@ -123,57 +123,53 @@ __device__ __forceinline__ uint4 pack8(const float (&x)[8]) {
   return r;
 }
 
-// Tiles kF0 .. kF0 + kN - 1 (lm_tile) of the L or M product into acc[0 .. kN - 1] (A: the kA or
-// qA tile, B: the kB tile). kLo: A is the bf16 pair a_base (hi) + a_lo_base (lo), two passes per
-// tile (M's).
-template <int kF0, int kN, bool kLo, int kCap>
-__device__ __forceinline__ void lm_products(float (&acc)[kCap][4], const unsigned char* a_base,
-                                            const unsigned char* a_lo_base, const unsigned char* b_base, int lane) {
-  static_assert(kN <= kCap, "accumulators");
-  constexpr int kR0 = lm_tile(kF0).R, kR1 = lm_tile(kF0 + kN - 1).R;
-  static_assert(kR0 - kR1 <= 1, "at most two sub-blocks (A operands) per call");
+// kN tiles of matrix kM (0: L, 1: M) from sub-block R, first n8 tile nt0 (a segment,
+// config.h lm_segment), into acc[0 .. kN - 1]. A: the kA tile (L) or the qA tile and its lo half
+// (M: two passes per tile, lo then hi); B: the kB tile. R and nt0 are runtime values: warps whose
+// segments have the same shape share this code.
+template <int kM, int kN>
+__device__ __forceinline__ void lm_segment_products(float (&acc)[4][4], const LmSegment seg, const unsigned char* smem,
+                                                    int lane) {
+  using Plan = SharedMemoryPlan;
+  static_assert(kN >= 1 && kN <= 4, "a segment is 1 to 4 tiles");
+  const unsigned char* a_base = smem + (kM != 0 ? Plan::kQaOffset : Plan::kKaOffset);
+  const unsigned char* a_lo_base = smem + Plan::kAmLoOffset;
+  const unsigned char* b_base = smem + Plan::kKbOffset;
+  const int a_row = kSubBlock * seg.R + (lane & 15);
+  const int b_row = kb_row_offset(seg.R) + 8 * seg.nt0 + (lane & 7);
 #pragma unroll
   for (int ks = 0; ks < kHeadDim / 16; ++ks) {
-    uint32_t a0[4], a1[4], l0[4], l1[4];
-    const uint32_t off0 = swz(kSubBlock * kR0 + (lane & 15), 2 * ks + (lane >> 4));
-    const uint32_t off1 = swz(kSubBlock * kR1 + (lane & 15), 2 * ks + (lane >> 4));
-    kdakit::cuda::ldmatrix_x4(a0, kdakit::cuda::smem_u32(a_base + off0));
-    if constexpr (kLo) kdakit::cuda::ldmatrix_x4(l0, kdakit::cuda::smem_u32(a_lo_base + off0));
-    if constexpr (kR1 != kR0) {
-      kdakit::cuda::ldmatrix_x4(a1, kdakit::cuda::smem_u32(a_base + off1));
-      if constexpr (kLo) kdakit::cuda::ldmatrix_x4(l1, kdakit::cuda::smem_u32(a_lo_base + off1));
-    }
+    uint32_t a[4], l[4];
+    const uint32_t off = swz(a_row, 2 * ks + (lane >> 4));
+    kdakit::cuda::ldmatrix_x4(a, kdakit::cuda::smem_u32(a_base + off));
+    if constexpr (kM != 0) kdakit::cuda::ldmatrix_x4(l, kdakit::cuda::smem_u32(a_lo_base + off));
 #pragma unroll
     for (int i = 0; i < kN; ++i) {
-      const LmTile tile = lm_tile(kF0 + i);
       uint32_t b[2];
-      const int row = kb_row_offset(tile.R) + 8 * tile.nt + (lane & 7);
-      kdakit::cuda::ldmatrix_x2(b, kdakit::cuda::smem_u32(b_base + swz(row, 2 * ks + ((lane >> 3) & 1))));
-      if (tile.R == kR0) {
-        if constexpr (kLo) kdakit::cuda::mma_bf16_16816(acc[i], l0, b[0], b[1]);
-        kdakit::cuda::mma_bf16_16816(acc[i], a0, b[0], b[1]);
-      } else {
-        if constexpr (kLo) kdakit::cuda::mma_bf16_16816(acc[i], l1, b[0], b[1]);
-        kdakit::cuda::mma_bf16_16816(acc[i], a1, b[0], b[1]);
-      }
+      kdakit::cuda::ldmatrix_x2(b, kdakit::cuda::smem_u32(b_base + swz(b_row + 8 * i, 2 * ks + ((lane >> 3) & 1))));
+      if constexpr (kM != 0) kdakit::cuda::mma_bf16_16816(acc[i], l, b[0], b[1]);
+      kdakit::cuda::mma_bf16_16816(acc[i], a, b[0], b[1]);
     }
   }
 }
 
-// Tiles kF0 .. kF0 + kN - 1 from acc to the fp32 [64][kLdF] matrix dst (kStrict: L, strictly
-// lower; else M, with its diagonal). Only the tiles left of the diagonal and the diagonal tiles
-// exist: L's blocks above the diagonal are never read, M's are written as zeros later.
-template <int kF0, int kN, bool kStrict, int kCap>
-__device__ __forceinline__ void lm_store(const float (&acc)[kCap][4], float* dst, int g, int t) {
+// The segment from acc to its fp32 [64][kLdF] matrix (L: Lf, strictly lower; M: Mf, with its
+// diagonal). Only the tiles left of the diagonal and the diagonal tiles exist: L's blocks above
+// the diagonal are never read, M's are written as zeros later.
+template <int kM, int kN>
+__device__ __forceinline__ void lm_segment_store(const float (&acc)[4][4], const LmSegment seg, float* Lf, float* Mf,
+                                                 int g, int t) {
+  constexpr bool kStrict = kM == 0;
+  float* dst = kStrict ? Lf : Mf;
 #pragma unroll
   for (int i = 0; i < kN; ++i) {
-    const LmTile tile = lm_tile(kF0 + i);
+    const int nt = seg.nt0 + i;
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
-      const int r = kSubBlock * tile.R + g + 8 * half;
-      const int s = 8 * tile.nt + 2 * t;
+      const int r = kSubBlock * seg.R + g + 8 * half;
+      const int s = 8 * nt + 2 * t;
       float x0 = acc[i][2 * half], x1 = acc[i][2 * half + 1];
-      if ((tile.nt >> 1) == tile.R) {  // diagonal tile: entries above it may be inf, so select
+      if ((nt >> 1) == seg.R) {  // diagonal tile: entries above it may be inf, so select
         x0 = (kStrict ? s < r : s <= r) ? x0 : 0.f;
         x1 = (kStrict ? s + 1 < r : s + 1 <= r) ? x1 : 0.f;
       }
@@ -182,31 +178,29 @@ __device__ __forceinline__ void lm_store(const float (&acc)[kCap][4], float* dst
   }
 }
 
-// Phase 2's split (config.h): warp kW < 4 computes L tiles 5 kW .. + 4 and M tile 16 + kW; warp
-// kW >= 4 computes M tiles 4 (kW - 4) .. + 3. M's tiles take two passes (A^M hi and lo), so
-// every warp issues 7 or 8 mma per k-step.
-template <int kW>
-__device__ __forceinline__ void lm_phase(float (&acc_l)[kLmTilesPerWarp][4], float (&acc_m)[kMTilesPerMWarp][4],
-                                         const unsigned char* smem, int lane) {
-  using Plan = SharedMemoryPlan;
-  const unsigned char* b_base = smem + Plan::kKbOffset;
-  if constexpr (kW < 4) {
-    lm_products<kLmTilesPerWarp * kW, kLmTilesPerWarp, false>(acc_l, smem + Plan::kKaOffset, nullptr, b_base, lane);
-    lm_products<kMTilesPerMWarp * 4 + kW, 1, true>(acc_m, smem + Plan::kQaOffset, smem + Plan::kAmLoOffset, b_base, lane);
-  } else {
-    lm_products<kMTilesPerMWarp * (kW - 4), kMTilesPerMWarp, true>(acc_m, smem + Plan::kQaOffset,
-                                                                   smem + Plan::kAmLoOffset, b_base, lane);
-  }
-}
-template <int kW>
-__device__ __forceinline__ void lm_phase_store(const float (&acc_l)[kLmTilesPerWarp][4],
-                                               const float (&acc_m)[kMTilesPerMWarp][4], float* Lf, float* Mf, int g,
-                                               int t) {
-  if constexpr (kW < 4) {
-    lm_store<kLmTilesPerWarp * kW, kLmTilesPerWarp, true>(acc_l, Lf, g, t);
-    lm_store<kMTilesPerMWarp * 4 + kW, 1, false>(acc_m, Mf, g, t);
-  } else {
-    lm_store<kMTilesPerMWarp * (kW - 4), kMTilesPerMWarp, false>(acc_m, Mf, g, t);
+// Phase 2 of warp `warp`: its two segments, in the code of its shape (config.h, lm_shape).
+// kStore: the products (false, acc0/acc1 written) or their store to Lf/Mf (true).
+template <bool kStore>
+__device__ __forceinline__ void lm_phase(float (&acc0)[4][4], float (&acc1)[4][4], int warp, const unsigned char* smem,
+                                         int lane, float* Lf, float* Mf, int g, int t) {
+  const LmSegment seg0 = lm_segment(warp, 0), seg1 = lm_segment(warp, 1);
+  auto run = [&](auto m0, auto n0, auto m1, auto n1) {
+    constexpr int kM0 = decltype(m0)::value, kN0 = decltype(n0)::value;
+    constexpr int kM1 = decltype(m1)::value, kN1 = decltype(n1)::value;
+    if constexpr (kStore) {
+      lm_segment_store<kM0, kN0>(acc0, seg0, Lf, Mf, g, t);
+      if constexpr (kN1 > 0) lm_segment_store<kM1, kN1>(acc1, seg1, Lf, Mf, g, t);
+    } else {
+      lm_segment_products<kM0, kN0>(acc0, seg0, smem, lane);
+      if constexpr (kN1 > 0) lm_segment_products<kM1, kN1>(acc1, seg1, smem, lane);
+    }
+  };
+  using std::integral_constant;
+  switch (lm_shape(warp)) {
+    case 0: run(integral_constant<int, 1>{}, integral_constant<int, 4>{}, integral_constant<int, 1>{}, integral_constant<int, 0>{}); break;
+    case 1: run(integral_constant<int, 1>{}, integral_constant<int, 2>{}, integral_constant<int, 1>{}, integral_constant<int, 2>{}); break;
+    case 2: run(integral_constant<int, 0>{}, integral_constant<int, 4>{}, integral_constant<int, 0>{}, integral_constant<int, 4>{}); break;
+    default: run(integral_constant<int, 0>{}, integral_constant<int, 4>{}, integral_constant<int, 0>{}, integral_constant<int, 2>{}); break;
   }
 }
 
@@ -551,23 +545,15 @@ __global__ void __launch_bounds__(kThreads, 2) kda_prefill_prep_sm90_kernel(cons
   }
   __syncthreads();
 
-  // ---- Phase 2: L and M on tensor cores (lm_phase: warps 0-3 L and one M tile, 4-7 M) -----
+  // ---- Phase 2: L and M on tensor cores (lm_segment: up to two segments per warp) --------
   const int g = lane >> 2, t = lane & 3;
-  float acc_l[kLmTilesPerWarp][4], acc_m[kMTilesPerMWarp][4];
+  float acc0[4][4], acc1[4][4];
 #pragma unroll
-  for (int i = 0; i < kLmTilesPerWarp; ++i) acc_l[i][0] = acc_l[i][1] = acc_l[i][2] = acc_l[i][3] = 0.f;
+  for (int i = 0; i < 4; ++i) {
 #pragma unroll
-  for (int i = 0; i < kMTilesPerMWarp; ++i) acc_m[i][0] = acc_m[i][1] = acc_m[i][2] = acc_m[i][3] = 0.f;
-  switch (warp) {
-    case 0: lm_phase<0>(acc_l, acc_m, smem, lane); break;
-    case 1: lm_phase<1>(acc_l, acc_m, smem, lane); break;
-    case 2: lm_phase<2>(acc_l, acc_m, smem, lane); break;
-    case 3: lm_phase<3>(acc_l, acc_m, smem, lane); break;
-    case 4: lm_phase<4>(acc_l, acc_m, smem, lane); break;
-    case 5: lm_phase<5>(acc_l, acc_m, smem, lane); break;
-    case 6: lm_phase<6>(acc_l, acc_m, smem, lane); break;
-    default: lm_phase<7>(acc_l, acc_m, smem, lane); break;
+    for (int c = 0; c < 4; ++c) acc0[i][c] = acc1[i][c] = 0.f;
   }
+  lm_phase<false>(acc0, acc1, warp, smem, lane, nullptr, nullptr, g, t);
   __syncthreads();  // qA, A^M lo, kA and kB are no longer read
 
   // ---- V -> shared (cp.async, into the A^M lo tile), waited for before phase 5 -------------
@@ -589,16 +575,7 @@ __global__ void __launch_bounds__(kThreads, 2) kda_prefill_prep_sm90_kernel(cons
   // ---- Phase 3: L, M to shared fp32; wide-span terms; M to the block ---------------------
   float* Lf = reinterpret_cast<float*>(smem + Plan::kLOffset);
   float* Tf = reinterpret_cast<float*>(smem + Plan::kTOffset);  // M lives in the T space until it is stored
-  switch (warp) {
-    case 0: lm_phase_store<0>(acc_l, acc_m, Lf, Tf, g, t); break;
-    case 1: lm_phase_store<1>(acc_l, acc_m, Lf, Tf, g, t); break;
-    case 2: lm_phase_store<2>(acc_l, acc_m, Lf, Tf, g, t); break;
-    case 3: lm_phase_store<3>(acc_l, acc_m, Lf, Tf, g, t); break;
-    case 4: lm_phase_store<4>(acc_l, acc_m, Lf, Tf, g, t); break;
-    case 5: lm_phase_store<5>(acc_l, acc_m, Lf, Tf, g, t); break;
-    case 6: lm_phase_store<6>(acc_l, acc_m, Lf, Tf, g, t); break;
-    default: lm_phase_store<7>(acc_l, acc_m, Lf, Tf, g, t); break;
-  }
+  lm_phase<true>(acc0, acc1, warp, smem, lane, Lf, Tf, g, t);
   __syncthreads();
   // Per-element diagonal-tile terms of wide-span channels: thread (rl, sl) owns entry (rl, sl)
   // of every diagonal tile, and adds the terms of its flagged channels in channel order.
