@@ -47,6 +47,10 @@
 // instruction chain (0.44 issued instructions per scheduler and cycle; the elementwise phase 1
 // is about half of the samples), not the loads: an L2 prefetch of the next CTA's inputs
 // measured 4% slower (docs/design/20261129-prefill.md).
+// NOTE: code size is part of the budget. At two CTAs per SM the kernel slowed by 22% when it grew
+// from 8,000 to 8,720 SASS instructions with code that never ran on those inputs (session 13,
+// H200; 8,280 cost nothing), so rarely taken paths are not free here: check the count
+// (cuobjdump -sass) of the lower-bound instantiation before and after a change.
 #pragma once
 
 #include <cuda_bf16.h>
