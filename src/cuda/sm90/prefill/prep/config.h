@@ -87,15 +87,18 @@ __host__ __device__ constexpr LmSegment lm_segment(int warp, int which) {
     default: return {0, 0, 0, 0};
   }
 }
-// The code shape of a warp's segments: 0 (M, 4), 1 (M, 2) + (M, 2), 2 (L, 4) + (L, 4),
-// 3 (L, 4) + (L, 2) as (matrix, tiles); kernel.cuh has one product loop per shape.
+// The code shape of a warp's segments, (matrix, tiles) of segment 0 and of segment 1 (0 tiles: no
+// second segment); kernel.cuh (lm_phase) has one product loop per shape.
+struct LmShape {
+  int m0, n0, m1, n1;
+};
+inline constexpr LmShape kLmShapes[4] = {{1, 4, 1, 0}, {1, 2, 1, 2}, {0, 4, 0, 4}, {0, 4, 0, 2}};
 __host__ __device__ constexpr int lm_shape(int warp) { return warp < 3 ? 0 : warp < 5 ? 1 : warp == 5 ? 2 : 3; }
 constexpr bool lm_shapes_match() {
-  constexpr int kShape[4][4] = {{1, 4, 0, 0}, {1, 2, 1, 2}, {0, 4, 0, 4}, {0, 4, 0, 2}};
   for (int w = 0; w < kWarps; ++w) {
-    const int* sh = kShape[lm_shape(w)];
+    const LmShape sh = kLmShapes[lm_shape(w)];
     const LmSegment s0 = lm_segment(w, 0), s1 = lm_segment(w, 1);
-    if (s0.m != sh[0] || s0.n != sh[1] || s1.n != sh[3] || (s1.n > 0 && s1.m != sh[2])) return false;
+    if (s0.m != sh.m0 || s0.n != sh.n0 || s1.n != sh.n1 || (s1.n > 0 && s1.m != sh.m1)) return false;
   }
   return true;
 }

@@ -182,29 +182,28 @@ __device__ __forceinline__ void lm_segment_store(const float (&acc)[4][4], const
   }
 }
 
-// Phase 2 of warp `warp`: its two segments, in the code of its shape (config.h, lm_shape).
+// Phase 2 of warp `warp`: its two segments, in the code of its shape (config.h, lm_shape and
+// kLmShapes).
 // kStore: the products (false, acc0/acc1 written) or their store to Lf/Mf (true).
 template <bool kStore>
 __device__ __forceinline__ void lm_phase(float (&acc0)[4][4], float (&acc1)[4][4], int warp, const unsigned char* smem,
                                          int lane, float* Lf, float* Mf, int g, int t) {
   const LmSegment seg0 = lm_segment(warp, 0), seg1 = lm_segment(warp, 1);
-  auto run = [&](auto m0, auto n0, auto m1, auto n1) {
-    constexpr int kM0 = decltype(m0)::value, kN0 = decltype(n0)::value;
-    constexpr int kM1 = decltype(m1)::value, kN1 = decltype(n1)::value;
+  auto run = [&](auto shape) {
+    constexpr LmShape kSh = kLmShapes[decltype(shape)::value];
     if constexpr (kStore) {
-      lm_segment_store<kM0, kN0>(acc0, seg0, Lf, Mf, g, t);
-      if constexpr (kN1 > 0) lm_segment_store<kM1, kN1>(acc1, seg1, Lf, Mf, g, t);
+      lm_segment_store<kSh.m0, kSh.n0>(acc0, seg0, Lf, Mf, g, t);
+      if constexpr (kSh.n1 > 0) lm_segment_store<kSh.m1, kSh.n1>(acc1, seg1, Lf, Mf, g, t);
     } else {
-      lm_segment_products<kM0, kN0>(acc0, seg0, smem, lane);
-      if constexpr (kN1 > 0) lm_segment_products<kM1, kN1>(acc1, seg1, smem, lane);
+      lm_segment_products<kSh.m0, kSh.n0>(acc0, seg0, smem, lane);
+      if constexpr (kSh.n1 > 0) lm_segment_products<kSh.m1, kSh.n1>(acc1, seg1, smem, lane);
     }
   };
-  using std::integral_constant;
   switch (lm_shape(warp)) {
-    case 0: run(integral_constant<int, 1>{}, integral_constant<int, 4>{}, integral_constant<int, 1>{}, integral_constant<int, 0>{}); break;
-    case 1: run(integral_constant<int, 1>{}, integral_constant<int, 2>{}, integral_constant<int, 1>{}, integral_constant<int, 2>{}); break;
-    case 2: run(integral_constant<int, 0>{}, integral_constant<int, 4>{}, integral_constant<int, 0>{}, integral_constant<int, 4>{}); break;
-    default: run(integral_constant<int, 0>{}, integral_constant<int, 4>{}, integral_constant<int, 0>{}, integral_constant<int, 2>{}); break;
+    case 0: run(std::integral_constant<int, 0>{}); break;
+    case 1: run(std::integral_constant<int, 1>{}); break;
+    case 2: run(std::integral_constant<int, 2>{}); break;
+    default: run(std::integral_constant<int, 3>{}); break;
   }
 }
 
