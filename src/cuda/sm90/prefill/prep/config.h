@@ -62,7 +62,8 @@ inline constexpr int kKbRows = kb_row_offset(kSubBlocks);  // 16 + 32 + 48 + 64 
 // 2.5-3.3% faster on the lower-bound rows, 8% on the softplus benchmark rows (H200). The prep
 // kernel is sensitive to its code size: 720 extra instructions that never ran (8,720 in all)
 // made it 22% slower at two CTAs per SM, while 8,280 were as fast as 7,280
-// (docs/design/20261129-prefill.md, session 13). Keep it under ~8,300.
+// (docs/design/20261129-prefill.md, session 13); the ctest prefill_prep_code_size holds it
+// under 8,300.
 struct LmSegment {
   int m;    // 0: L (strictly lower), 1: M (with its diagonal)
   int R;    // sub-block (row block)

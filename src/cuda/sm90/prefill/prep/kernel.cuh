@@ -29,9 +29,10 @@
 //      Kt, A^L, A^M (in place over k, q), B^(R) to shared memory (bf16, 16-byte chunks
 //      XOR-swizzled by row).
 //   2. L, M on tensor cores: each is 20 n8 tiles, split over the warps as up to two segments
-//      of one matrix and sub-block each (config.h, lm_segment), one product loop per segment shape.
-//      M's A operand is A^M as bf16 hi + lo (its lo tile in V's space, V loaded after this phase): the rounding of A^M was the largest single share of the
-//      output error on lower-bound gates (tools/chunked_rounding_model.py).
+//      of one matrix and sub-block each (config.h, lm_segment), one product loop per segment
+//      shape. M's A operand is A^M as bf16 hi + lo (its lo tile in V's space, V loaded after this
+//      phase): the rounding of A^M was the largest single share of the output error on
+//      lower-bound gates (tools/chunked_rounding_model.py).
 //   3. L, M to shared fp32 (masked), per-element terms of wide-span channels, M to the block.
 //   4. T on tensor cores (config.h): warps 0-3 invert their diagonal 16 x 16 block in registers
 //      by repeated squaring, then warps 1-3 compute their row of off-diagonal blocks right to
@@ -49,8 +50,9 @@
 // measured 4% slower (docs/design/20261129-prefill.md).
 // NOTE: code size is part of the budget. At two CTAs per SM the kernel slowed by 22% when it grew
 // from 8,000 to 8,720 SASS instructions with code that never ran on those inputs (session 13,
-// H200; 8,280 cost nothing), so rarely taken paths are not free here: check the count
-// (cuobjdump -sass) of the lower-bound instantiation before and after a change.
+// H200; 8,280 cost nothing), so rarely taken paths are not free here. The ctest
+// prefill_prep_code_size (tests/cpp/prefill/prep) fails past 8,300 for the lower-bound, bf16-g
+// instantiation; the softplus ones run ~190 instructions larger.
 #pragma once
 
 #include <cuda_bf16.h>
