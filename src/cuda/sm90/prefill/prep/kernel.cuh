@@ -458,7 +458,11 @@ __global__ void __launch_bounds__(kThreads, 2) kda_prefill_prep_sm90_kernel(cons
         const float span = cp - c_cur[e];
         m_cur[e] = span <= max_span ? cp - 0.5f * span : -INFINITY;  // -inf: left to the per-element path
       }
-      float* scratch = reinterpret_cast<float*>(blk + Layout::kU0Offset);  // b2 of wide-span channels
+      // Wide-span channels' b2 and raw k, channel-major ([128][64]: phase 3's lanes read 16
+      // consecutive rows of one channel), in block space that phase 5 writes later: b2 fp32 in
+      // U0's, k bf16 in W's.
+      float* scratch = reinterpret_cast<float*>(blk + Layout::kU0Offset);
+      __nv_bfloat16* scratch_k = reinterpret_cast<__nv_bfloat16*>(blk + Layout::kWOffset);
 #pragma unroll
       for (int j = 0; j < kRowsPerThread; ++j) {
         const int r = r0 + j;
@@ -467,11 +471,15 @@ __global__ void __launch_bounds__(kThreads, 2) kda_prefill_prep_sm90_kernel(cons
         const float sk = row_k[r];
 #pragma unroll
         for (int e = 0; e < 8; ++e) {
+          const float k_raw = kn[e];  // a bf16 value: converts back exactly
           kn[e] *= sk;
           kfr[j][e] = kn[e] * fast_exp2(c_cur[e] - b2[j][e]);
           kh[e] = kfr[j][e] * kh_fac[e];
           kd[e] = kn[e] * fast_exp2(m_cur[e] - b2[j][e]);  // exp2(m_R - b2) <= 2^96, or 0
-          if (m_cur[e] == -INFINITY) scratch[r * kHeadDim + c0 + e] = b2[j][e];
+          if (m_cur[e] == -INFINITY) {
+            scratch[(c0 + e) * kChunk + r] = b2[j][e];
+            scratch_k[(c0 + e) * kChunk + r] = __float2bfloat16_rn(k_raw);
+          }
         }
         uint4 kh_hi, kh_lo;
         kdakit::cuda::split_bf16x2(kh[0], kh[1], kh_hi.x, kh_lo.x);
@@ -589,7 +597,8 @@ __global__ void __launch_bounds__(kThreads, 2) kda_prefill_prep_sm90_kernel(cons
   for (int i = 0; i < kSubBlocks * 4; ++i) any_wide |= mask[i];
   if (any_wide != 0u) {
     const int rl = tid >> 4, sl = tid & 15;
-    const float* scratch = reinterpret_cast<const float*>(blk + Layout::kU0Offset);
+    const float* scratch = reinterpret_cast<const float*>(blk + Layout::kU0Offset);        // [128][64]
+    const unsigned short* scratch_k = reinterpret_cast<const unsigned short*>(blk + Layout::kWOffset);  // [128][64] bf16
     for (int Rb = 0; Rb < kSubBlocks; ++Rb) {
       const int r = kSubBlock * Rb + rl, s = kSubBlock * Rb + sl;
       if (sl > rl || r >= len) continue;
@@ -598,21 +607,22 @@ __global__ void __launch_bounds__(kThreads, 2) kda_prefill_prep_sm90_kernel(cons
       // unrolled so that several channels' loads (L2: the scratch b2 this CTA wrote, q and k)
       // are in flight at once; a walk over the mask bits issued one channel at a time, which
       // cost the softplus gate's inputs ~30% of the whole prefill (docs/benchmarks.md).
+      // NOTE: the row-s operands come from the channel-major scratch, where a half-warp's 16
+      // rows are one 64- or 32-byte run; from the row-major b2 scratch and k they were 16 sectors
+      // per load (Nsight Compute, H32 softplus benchmark inputs: 9.0M excess L2 sectors of 35.0M).
+      // The row-r operands are one address per half-warp either way.
       const uint8_t* list = wide_list + Rb * kHeadDim;
       const int count = wide_count[Rb];
-      const float* sr = scratch + r * kHeadDim;
-      const float* ss = scratch + s * kHeadDim;
       const __nv_bfloat16* kr_row = kg + int64_t(r) * p.stride_k_t;
-      const __nv_bfloat16* ks_row = kg + int64_t(s) * p.stride_k_t;
       const __nv_bfloat16* qr_row = qg + int64_t(r) * p.stride_q_t;
       const float rk = row_k[r], rks = row_k[s], rq = row_q[r];
       const bool strict = sl < rl;
 #pragma unroll 4
       for (int j = 0; j < count; ++j) {
         const int i = list[j];
-        const float e = fast_exp2(__ldcg(sr + i) - __ldcg(ss + i));
+        const float e = fast_exp2(__ldcg(scratch + i * kChunk + r) - __ldcg(scratch + i * kChunk + s));
         const float kr = __bfloat162float(kr_row[i]) * rk;
-        const float ksv = __bfloat162float(ks_row[i]) * rks;
+        const float ksv = __uint_as_float(uint32_t(__ldcg(scratch_k + i * kChunk + s)) << 16) * rks;
         const float qr = __bfloat162float(qr_row[i]) * rq;
         if (strict) dl += kr * ksv * e;
         dm += qr * ksv * e;
