@@ -496,6 +496,39 @@ TEST_F(PrefillPrep, SpansAroundTheDiagonalBound) {
   }
 }
 
+// Wide-span (sub-block, channel) pairs placed by hand: channels in all four 32-channel mask words
+// (the channel-major scratch is indexed by channel), some wide in every sub-block and some only
+// in the first two or three (per-sub-block lists of different lengths), and a partial last
+// chunk. Steep channels decay by 20-40 nats per token, the others by at most 0.5. Full chunks of
+// head h hold 4 x 1 = 4, 4 x 6 + 2 = 26, 4 x 6 + 3 = 27 and 4 x 4 = 16 pairs.
+TEST_F(PrefillPrep, WideSpanPairsPlacedByHand) {
+  Rng rng = make_rng();
+  PrefillCase c = base_case("wide_pairs_by_hand");
+  c.batch = 1;
+  c.seqlen = 150;  // two full chunks and one of 22 rows (sub-blocks 0 and part of 1)
+  c.HV = 4;
+  c.H = 4;
+  c.gate = GateMode::kPrecomputed;
+  c.dtype_g = DType::kFloat32;
+  SCOPED_TRACE(rng.trace());
+  PrefillTensors t = make_prefill_tensors(c, rng);
+  // per head: channels steep in every sub-block, and one more steep in its first `extra` sub-blocks
+  const std::vector<std::vector<int>> steep = {{77}, {0, 31, 32, 64, 100, 127}, {3, 40, 41, 90, 96, 126}, {5, 37, 70, 101}};
+  const int extra_channel[4] = {-1, 50, 12, 1};
+  const int extra_subblocks[4] = {0, 2, 3, 0};
+  for (int64_t tt = 0; tt < c.seqlen; ++tt) {
+    const int sub = int(tt % 64) / 16;
+    for (int h = 0; h < c.HV; ++h) {
+      for (int i = 0; i < kD; ++i) {
+        bool is_steep = std::find(steep[size_t(h)].begin(), steep[size_t(h)].end(), i) != steep[size_t(h)].end();
+        is_steep = is_steep || (i == extra_channel[h] && sub < extra_subblocks[h]);
+        t.g.set_at({0, tt, h, i}, is_steep ? -rng.uniform(20.0, 40.0) : -rng.uniform(0.0, 0.5));
+      }
+    }
+  }
+  check_tensors(c, t);
+}
+
 // Softplus with steep heads (exp(A_log) up to 40): the realistic route to wide spans.
 TEST_F(PrefillPrep, SteepSoftplusHeads) {
   Rng rng = make_rng();
