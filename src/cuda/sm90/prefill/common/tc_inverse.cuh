@@ -159,7 +159,9 @@ __device__ __forceinline__ void tc_diag_inverse(const float* Lf, const float* be
   tr[0][1] += g == 2 * t + 1 ? 1.f : 0.f;
   tr[1][2] += g == 2 * t ? 1.f : 0.f;
   tr[1][3] += g == 2 * t + 1 ? 1.f : 0.f;
-#pragma unroll
+  // NOTE: rolled: the prep kernel is sensitive to its code size (prep/kernel.cuh), and the three
+  // steps unrolled were 264 of its instructions; the products and their order are unchanged.
+#pragma unroll 1
   for (int step = 0; step < 3; ++step) {  // x = X^(2^step), xt its transpose
     Tile16 xt2;
     mm16(xt2, xt, x);    // (X^2)^T = X^T X^T

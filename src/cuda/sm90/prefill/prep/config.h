@@ -58,12 +58,10 @@ inline constexpr int kKbRows = kb_row_offset(kSubBlocks);  // 16 + 32 + 48 + 64 
 // (lm_shape) share one product loop: four copies in all. The split it
 // replaced (warp w < 4: L's tiles 5 w .. 5 w + 4 and one M tile, w >= 4: four M tiles, spanning
 // up to two sub-blocks) was a compile-time template per warp: 8 inlined copies of the product
-// loop, 2,275 of the kernel's 8,000 SASS instructions; now 7,280 (lower-bound, bf16 g), and prep
+// loop, 2,275 of the kernel's 8,000 SASS instructions; then 7,280 (lower-bound, bf16 g), and prep
 // 2.5-3.3% faster on the lower-bound rows, 8% on the softplus benchmark rows (H200). The prep
-// kernel is sensitive to its code size: 720 extra instructions that never ran (8,720 in all)
-// made it 22% slower at two CTAs per SM, while 8,280 were as fast as 7,280
-// (docs/design/20261129-prefill.md, session 13); the ctest prefill_prep_code_size holds it
-// under 8,300.
+// kernel is sensitive to its code size (kernel.cuh's header NOTE; docs/design/20261129-prefill.md,
+// sessions 13 and 14); the ctest prefill_prep_code_size holds it under 6,600.
 struct LmSegment {
   int m;    // 0: L (strictly lower), 1: M (with its diagonal)
   int R;    // sub-block (row block)

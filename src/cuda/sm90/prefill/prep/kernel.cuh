@@ -48,11 +48,15 @@
 // instruction chain (0.44 issued instructions per scheduler and cycle; the elementwise phase 1
 // is about half of the samples), not the loads: an L2 prefetch of the next CTA's inputs
 // measured 4% slower (docs/design/20261129-prefill.md).
-// NOTE: code size is part of the budget. At two CTAs per SM the kernel slowed by 22% when it grew
+// NOTE: code size is part of the budget: the kernel is straight-line code run by two CTAs per
+// SM in different phases, so instruction fetch stalls grow with it. It slowed by 22% when it grew
 // from 8,000 to 8,720 SASS instructions with code that never ran on those inputs (session 13,
-// H200; 8,280 cost nothing), so rarely taken paths are not free here. The ctest
-// prefill_prep_code_size (tests/cpp/prefill/prep) fails past 8,300 for the lower-bound, bf16-g
-// instantiation; the softplus ones run ~190 instructions larger.
+// H200). At 7,568 (softplus) the benchmark's softplus inputs, which run all of it, spent 16% of
+// their warp samples waiting for instructions against 5% for lower-bound inputs; rolling four
+// loops (the inverse's squaring steps, phase 2's k-steps by 2, phase 5's halves, the wide-span
+// loop by 2) took it to 6,520 and their prep 7% faster, the lower-bound rows unchanged (session
+// 14). The ctest prefill_prep_code_size (tests/cpp/prefill/prep) fails past 6,600 for the
+// lower-bound, bf16-g instantiation (6,336 now); the softplus ones run ~190 instructions larger.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -143,7 +147,9 @@ __device__ __forceinline__ void lm_segment_products(float (&acc)[4][4], const Lm
   const unsigned char* b_base = smem + Plan::kKbOffset;
   const int a_row = kSubBlock * seg.R + (lane & 15);
   const int b_row = kb_row_offset(seg.R) + 8 * seg.nt0 + (lane & 7);
-#pragma unroll
+  // NOTE: unrolled by 2, not 8: the four shape copies of 8 k-steps were ~500 instructions more
+  // (code size, the header's NOTE); the k-steps' order, and so the sums, are unchanged.
+#pragma unroll 2
   for (int ks = 0; ks < kHeadDim / 16; ++ks) {
     uint32_t a[4], l[4];
     const uint32_t off = swz(a_row, 2 * ks + (lane >> 4));
@@ -604,9 +610,12 @@ __global__ void __launch_bounds__(kThreads, 2) kda_prefill_prep_sm90_kernel(cons
       if (sl > rl || r >= len) continue;
       float dl = 0.f, dm = 0.f;
       // NOTE: a counted loop over the channel list (ascending, the order of the old bit walk),
-      // unrolled so that several channels' loads (L2: the scratch b2 this CTA wrote, q and k)
+      // unrolled so that two channels' loads (L2: the scratch b2 and k this CTA wrote, raw q)
       // are in flight at once; a walk over the mask bits issued one channel at a time, which
-      // cost the softplus gate's inputs ~30% of the whole prefill (docs/benchmarks.md).
+      // cost the softplus gate's inputs ~30% of the whole prefill (docs/benchmarks.md). By 2, not
+      // 4 or 8: each step up in the unroll measured slower (code size, the header's NOTE); so did
+      // all four sub-blocks' lists in one loop (branch prep-wide-rounds: more loads, not fewer
+      // round trips, was what the inputs' uneven counts gave).
       // NOTE: the row-s operands come from the channel-major scratch, where a half-warp's 16
       // rows are one 64- or 32-byte run; from the row-major b2 scratch and k they were 16 sectors
       // per load (Nsight Compute, H32 softplus benchmark inputs: 9.0M excess L2 sectors of 35.0M).
@@ -617,7 +626,7 @@ __global__ void __launch_bounds__(kThreads, 2) kda_prefill_prep_sm90_kernel(cons
       const __nv_bfloat16* qr_row = qg + int64_t(r) * p.stride_q_t;
       const float rk = row_k[r], rks = row_k[s], rq = row_q[r];
       const bool strict = sl < rl;
-#pragma unroll 4
+#pragma unroll 2
       for (int j = 0; j < count; ++j) {
         const int i = list[j];
         const float e = fast_exp2(__ldcg(scratch + i * kChunk + r) - __ldcg(scratch + i * kChunk + s));
@@ -671,7 +680,8 @@ __global__ void __launch_bounds__(kThreads, 2) kda_prefill_prep_sm90_kernel(cons
   const int cb = 32 * (warp & 3);
   const bool is_u0 = warp >= 4;
   const unsigned char* b_tile = smem + (is_u0 ? Plan::kVOffset : Plan::kKtOffset);
-#pragma unroll
+  // NOTE: the two halves as a rolled loop (code size, the header's NOTE).
+#pragma unroll 1
   for (int half = 0; half < 2; ++half) {
     float acc5[2][4][4];
 #pragma unroll
