@@ -366,6 +366,16 @@ PrefillCase base_case(const std::string& name) {
   return c;
 }
 
+// One sequence with a precomputed fp32 gate, which the wide-span tests below write by hand.
+PrefillCase precomputed_gate_case(const std::string& name, int64_t seqlen) {
+  PrefillCase c = base_case(name);
+  c.batch = 1;
+  c.seqlen = seqlen;
+  c.gate = GateMode::kPrecomputed;
+  c.dtype_g = DType::kFloat32;
+  return c;
+}
+
 class PrefillPrep : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -445,11 +455,7 @@ TEST_F(PrefillPrep, ManyShortSequences) {
 // tiles take the per-element path there. Without it the midpoint factors would overflow.
 TEST_F(PrefillPrep, WideSpanPrecomputedGate) {
   Rng rng = make_rng();
-  PrefillCase c = base_case("wide_span_precomputed");
-  c.batch = 1;
-  c.seqlen = 130;
-  c.gate = GateMode::kPrecomputed;
-  c.dtype_g = DType::kFloat32;
+  PrefillCase c = precomputed_gate_case("wide_span_precomputed", 130);
   SCOPED_TRACE(rng.trace());
   PrefillTensors t = make_prefill_tensors(c, rng);
   // Most channels mild, about 15% very steep (10-60 nats per token), 15% moderately steep.
@@ -474,11 +480,7 @@ TEST_F(PrefillPrep, SpansAroundTheDiagonalBound) {
   for (const bool l2norm : {true, false}) {
     SCOPED_TRACE(l2norm ? "q/k L2 norm in kernel" : "no L2 norm");
     Rng rng = make_rng();
-    PrefillCase c = base_case(l2norm ? "spans_180_230_l2norm" : "spans_180_230_raw");
-    c.batch = 1;
-    c.seqlen = 150;
-    c.gate = GateMode::kPrecomputed;
-    c.dtype_g = DType::kFloat32;
+    PrefillCase c = precomputed_gate_case(l2norm ? "spans_180_230_l2norm" : "spans_180_230_raw", 150);
     c.l2norm = l2norm;
     SCOPED_TRACE(rng.trace());
     PrefillTensors t = make_prefill_tensors(c, rng);
@@ -503,13 +505,10 @@ TEST_F(PrefillPrep, SpansAroundTheDiagonalBound) {
 // head h hold 4 x 1 = 4, 4 x 6 + 2 = 26, 4 x 6 + 3 = 27 and 4 x 4 = 16 pairs.
 TEST_F(PrefillPrep, WideSpanPairsPlacedByHand) {
   Rng rng = make_rng();
-  PrefillCase c = base_case("wide_pairs_by_hand");
-  c.batch = 1;
-  c.seqlen = 150;  // two full chunks and one of 22 rows (sub-blocks 0 and part of 1)
+  // two full chunks and one of 22 rows (sub-blocks 0 and part of 1)
+  PrefillCase c = precomputed_gate_case("wide_pairs_by_hand", 150);
   c.HV = 4;
   c.H = 4;
-  c.gate = GateMode::kPrecomputed;
-  c.dtype_g = DType::kFloat32;
   SCOPED_TRACE(rng.trace());
   PrefillTensors t = make_prefill_tensors(c, rng);
   // per head: channels steep in every sub-block, and one more steep in its first `extra` sub-blocks
