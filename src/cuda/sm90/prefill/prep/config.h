@@ -87,7 +87,7 @@ __host__ __device__ constexpr LmSegment lm_segment(int warp, int which) {
   }
 }
 // The code shape of a warp's segments, (matrix, tiles) of segment 0 and of segment 1 (0 tiles: no
-// second segment); kernel.cuh (lm_phase) has one product loop per shape.
+// second segment); kernel.cuh (with_lm_shape) has one product loop per shape.
 struct LmShape {
   int m0, n0, m1, n1;
 };

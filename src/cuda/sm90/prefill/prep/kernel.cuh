@@ -133,6 +133,16 @@ __device__ __forceinline__ uint4 pack8(const float (&x)[8]) {
   return r;
 }
 
+// Wide-span channels' b2 (fp32) and raw k (bf16 bits), channel-major [128][64] so that phase 3's
+// lanes read 16 consecutive rows of one channel: written in phase 1c into block space that phase
+// 5 writes later (U0's and W's), read back in phase 3.
+__device__ __forceinline__ float* wide_b2_scratch(unsigned char* blk) {
+  return reinterpret_cast<float*>(blk + ChunkBlockLayout::kU0Offset);
+}
+__device__ __forceinline__ uint16_t* wide_k_scratch(unsigned char* blk) {
+  return reinterpret_cast<uint16_t*>(blk + ChunkBlockLayout::kWOffset);
+}
+
 // kN tiles of matrix kM (0: L, 1: M) from sub-block R, first n8 tile nt0 (a segment,
 // config.h lm_segment), into acc[0 .. kN - 1]. A: the kA tile (L) or the qA tile and its lo half
 // (M: two passes per tile, lo then hi); B: the kB tile. R and nt0 are runtime values: warps whose
@@ -190,29 +200,38 @@ __device__ __forceinline__ void lm_segment_store(const float (&acc)[4][4], const
   }
 }
 
-// Phase 2 of warp `warp`: its two segments, in the code of its shape (config.h, lm_shape and
-// kLmShapes).
-// kStore: the products (false, acc0/acc1 written) or their store to Lf/Mf (true).
-template <bool kStore>
-__device__ __forceinline__ void lm_phase(float (&acc0)[4][4], float (&acc1)[4][4], int warp, const unsigned char* smem,
-                                         int lane, float* Lf, float* Mf, int g, int t) {
-  const LmSegment seg0 = lm_segment(warp, 0), seg1 = lm_segment(warp, 1);
-  auto run = [&](auto shape) {
-    constexpr LmShape kSh = kLmShapes[decltype(shape)::value];
-    if constexpr (kStore) {
-      lm_segment_store<kSh.m0, kSh.n0>(acc0, seg0, Lf, Mf, g, t);
-      if constexpr (kSh.n1 > 0) lm_segment_store<kSh.m1, kSh.n1>(acc1, seg1, Lf, Mf, g, t);
-    } else {
-      lm_segment_products<kSh.m0, kSh.n0>(acc0, seg0, smem, lane);
-      if constexpr (kSh.n1 > 0) lm_segment_products<kSh.m1, kSh.n1>(acc1, seg1, smem, lane);
-    }
-  };
+// Calls f(shape) with warp `warp`'s segment shape as a compile-time constant (config.h, lm_shape
+// and kLmShapes): one code copy per shape.
+template <typename F>
+__device__ __forceinline__ void with_lm_shape(int warp, F&& f) {
   switch (lm_shape(warp)) {
-    case 0: run(std::integral_constant<int, 0>{}); break;
-    case 1: run(std::integral_constant<int, 1>{}); break;
-    case 2: run(std::integral_constant<int, 2>{}); break;
-    default: run(std::integral_constant<int, 3>{}); break;
+    case 0: f(std::integral_constant<int, 0>{}); break;
+    case 1: f(std::integral_constant<int, 1>{}); break;
+    case 2: f(std::integral_constant<int, 2>{}); break;
+    default: f(std::integral_constant<int, 3>{}); break;
   }
+}
+
+// Phase 2 of warp `warp`: its two segments' products into acc0 / acc1.
+__device__ __forceinline__ void lm_products(float (&acc0)[4][4], float (&acc1)[4][4], int warp,
+                                            const unsigned char* smem, int lane) {
+  const LmSegment seg0 = lm_segment(warp, 0), seg1 = lm_segment(warp, 1);
+  with_lm_shape(warp, [&](auto shape) {
+    constexpr LmShape kSh = kLmShapes[decltype(shape)::value];
+    lm_segment_products<kSh.m0, kSh.n0>(acc0, seg0, smem, lane);
+    if constexpr (kSh.n1 > 0) lm_segment_products<kSh.m1, kSh.n1>(acc1, seg1, smem, lane);
+  });
+}
+
+// Phase 3's start: the products of lm_products to Lf / Mf.
+__device__ __forceinline__ void lm_store(const float (&acc0)[4][4], const float (&acc1)[4][4], int warp, float* Lf,
+                                         float* Mf, int g, int t) {
+  const LmSegment seg0 = lm_segment(warp, 0), seg1 = lm_segment(warp, 1);
+  with_lm_shape(warp, [&](auto shape) {
+    constexpr LmShape kSh = kLmShapes[decltype(shape)::value];
+    lm_segment_store<kSh.m0, kSh.n0>(acc0, seg0, Lf, Mf, g, t);
+    if constexpr (kSh.n1 > 0) lm_segment_store<kSh.m1, kSh.n1>(acc1, seg1, Lf, Mf, g, t);
+  });
 }
 
 // ------------------------------------------------------------------------------------------
@@ -457,6 +476,8 @@ __global__ void __launch_bounds__(kThreads, 2) kda_prefill_prep_sm90_kernel(cons
     {
       float kfr[kRowsPerThread][8];  // kn F, F = exp2(c_R - b2) <= 1
       float kh_fac[8], m_cur[8];
+      float* const wide_b2 = wide_b2_scratch(blk);
+      uint16_t* const wide_k = wide_k_scratch(blk);
 #pragma unroll
       for (int e = 0; e < 8; ++e) {
         kh_fac[e] = fast_exp2(bound[kSubBlocks * kHeadDim + c0 + e] - c_cur[e]);
@@ -464,11 +485,6 @@ __global__ void __launch_bounds__(kThreads, 2) kda_prefill_prep_sm90_kernel(cons
         const float span = cp - c_cur[e];
         m_cur[e] = span <= max_span ? cp - 0.5f * span : -INFINITY;  // -inf: left to the per-element path
       }
-      // Wide-span channels' b2 and raw k, channel-major ([128][64]: phase 3's lanes read 16
-      // consecutive rows of one channel), in block space that phase 5 writes later: b2 fp32 in
-      // U0's, k bf16 in W's.
-      float* scratch = reinterpret_cast<float*>(blk + Layout::kU0Offset);
-      __nv_bfloat16* scratch_k = reinterpret_cast<__nv_bfloat16*>(blk + Layout::kWOffset);
 #pragma unroll
       for (int j = 0; j < kRowsPerThread; ++j) {
         const int r = r0 + j;
@@ -483,8 +499,8 @@ __global__ void __launch_bounds__(kThreads, 2) kda_prefill_prep_sm90_kernel(cons
           kh[e] = kfr[j][e] * kh_fac[e];
           kd[e] = kn[e] * fast_exp2(m_cur[e] - b2[j][e]);  // exp2(m_R - b2) <= 2^96, or 0
           if (m_cur[e] == -INFINITY) {
-            scratch[(c0 + e) * kChunk + r] = b2[j][e];
-            scratch_k[(c0 + e) * kChunk + r] = __float2bfloat16_rn(k_raw);
+            wide_b2[(c0 + e) * kChunk + r] = b2[j][e];
+            wide_k[(c0 + e) * kChunk + r] = __bfloat16_as_ushort(__float2bfloat16_rn(k_raw));
           }
         }
         uint4 kh_hi, kh_lo;
@@ -572,7 +588,7 @@ __global__ void __launch_bounds__(kThreads, 2) kda_prefill_prep_sm90_kernel(cons
 #pragma unroll
     for (int c = 0; c < 4; ++c) acc0[i][c] = acc1[i][c] = 0.f;
   }
-  lm_phase<false>(acc0, acc1, warp, smem, lane, nullptr, nullptr, g, t);
+  lm_products(acc0, acc1, warp, smem, lane);
   __syncthreads();  // qA, A^M lo, kA and kB are no longer read
 
   // ---- V -> shared (cp.async, into the A^M lo tile), waited for before phase 5 -------------
@@ -594,7 +610,7 @@ __global__ void __launch_bounds__(kThreads, 2) kda_prefill_prep_sm90_kernel(cons
   // ---- Phase 3: L, M to shared fp32; wide-span terms; M to the block ---------------------
   float* Lf = reinterpret_cast<float*>(smem + Plan::kLOffset);
   float* Tf = reinterpret_cast<float*>(smem + Plan::kTOffset);  // M lives in the T space until it is stored
-  lm_phase<true>(acc0, acc1, warp, smem, lane, Lf, Tf, g, t);
+  lm_store(acc0, acc1, warp, Lf, Tf, g, t);
   __syncthreads();
   // Per-element diagonal-tile terms of wide-span channels: thread (rl, sl) owns entry (rl, sl)
   // of every diagonal tile, and adds the terms of its flagged channels in channel order.
@@ -603,21 +619,21 @@ __global__ void __launch_bounds__(kThreads, 2) kda_prefill_prep_sm90_kernel(cons
   for (int i = 0; i < kSubBlocks * 4; ++i) any_wide |= mask[i];
   if (any_wide != 0u) {
     const int rl = tid >> 4, sl = tid & 15;
-    const float* scratch = reinterpret_cast<const float*>(blk + Layout::kU0Offset);        // [128][64]
-    const unsigned short* scratch_k = reinterpret_cast<const unsigned short*>(blk + Layout::kWOffset);  // [128][64] bf16
+    const float* const wide_b2 = wide_b2_scratch(blk);
+    const uint16_t* const wide_k = wide_k_scratch(blk);
     for (int Rb = 0; Rb < kSubBlocks; ++Rb) {
       const int r = kSubBlock * Rb + rl, s = kSubBlock * Rb + sl;
       if (sl > rl || r >= len) continue;
       float dl = 0.f, dm = 0.f;
       // NOTE: a counted loop over the channel list (ascending, the order of the old bit walk),
-      // unrolled so that two channels' loads (L2: the scratch b2 and k this CTA wrote, raw q)
+      // unrolled so that two channels' loads (L2: wide_b2 and wide_k this CTA wrote, raw q)
       // are in flight at once; a walk over the mask bits issued one channel at a time, which
       // cost the softplus gate's inputs ~30% of the whole prefill (docs/benchmarks.md). By 2, not
       // 4 or 8: each step up in the unroll measured slower (code size, the header's NOTE); so did
       // all four sub-blocks' lists in one loop (branch prep-wide-rounds: more loads, not fewer
       // round trips, was what the inputs' uneven counts gave).
       // NOTE: the row-s operands come from the channel-major scratch, where a half-warp's 16
-      // rows are one 64- or 32-byte run; from the row-major b2 scratch and k they were 16 sectors
+      // rows are one 64- or 32-byte run; from a row-major b2 scratch and k they were 16 sectors
       // per load (Nsight Compute, H32 softplus benchmark inputs: 9.0M excess L2 sectors of 35.0M).
       // The row-r operands are one address per half-warp either way.
       const uint8_t* list = wide_list + Rb * kHeadDim;
@@ -629,9 +645,9 @@ __global__ void __launch_bounds__(kThreads, 2) kda_prefill_prep_sm90_kernel(cons
 #pragma unroll 2
       for (int j = 0; j < count; ++j) {
         const int i = list[j];
-        const float e = fast_exp2(__ldcg(scratch + i * kChunk + r) - __ldcg(scratch + i * kChunk + s));
+        const float e = fast_exp2(__ldcg(wide_b2 + i * kChunk + r) - __ldcg(wide_b2 + i * kChunk + s));
         const float kr = __bfloat162float(kr_row[i]) * rk;
-        const float ksv = __uint_as_float(uint32_t(__ldcg(scratch_k + i * kChunk + s)) << 16) * rks;
+        const float ksv = __bfloat162float(__ushort_as_bfloat16(__ldcg(wide_k + i * kChunk + s))) * rks;
         const float qr = __bfloat162float(qr_row[i]) * rq;
         if (strict) dl += kr * ksv * e;
         dm += qr * ksv * e;
