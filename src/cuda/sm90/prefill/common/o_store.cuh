@@ -8,16 +8,17 @@
 
 namespace kdakit::sm90::prefill::common {
 
-// acc: the warp's 16 value rows x 64 tokens of O^T in the accumulator layout (value rows g and
-// g + 8, tokens 8 nt + 2t and + 1, at acc[4 nt + 2 hr + e]); o: the warp's first value channel of
+// acc: the warp's 16 value rows x 8 kTiles tokens (64 by default) of O^T in the accumulator
+// layout (value rows g and g + 8, tokens 8 nt + 2t and + 1, at acc[4 nt + 2 hr + e]); o: the warp's first value channel of
 // token 0 of the chunk, tokens stride_t apart; tokens at or past `valid` are not written.
 // NOTE: with `pairs` (o 4-byte aligned, even strides) lanes g and g ^ 1 swap one value, so each
 // stores two neighbouring value channels of one token as a 4-byte word.
-__device__ __forceinline__ void store_o_tile(const float (&acc)[32], __nv_bfloat16* o, int64_t stride_t, int valid,
+template <int kTiles = 8>
+__device__ __forceinline__ void store_o_tile(const float (&acc)[4 * kTiles], __nv_bfloat16* o, int64_t stride_t, int valid,
                                              bool pairs, int g, int t) {
   const bool odd = (g & 1) != 0;
 #pragma unroll
-  for (int nt = 0; nt < 8; ++nt) {
+  for (int nt = 0; nt < kTiles; ++nt) {
 #pragma unroll
     for (int hr = 0; hr < 2; ++hr) {
       const float c0 = acc[4 * nt + 2 * hr], c1 = acc[4 * nt + 2 * hr + 1];
