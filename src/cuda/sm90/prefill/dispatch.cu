@@ -1,12 +1,14 @@
 // The sm_90a prefill dispatcher: checks that a kernel is built for the call's shape and dtypes,
-// then runs, on one stream, one of three paths:
+// then runs, on one stream, one of four paths:
+//   tile16    plan -> the 16-token-tile kernel (a CTA per sequence, head and value half, the state
+//             in registers, several CTAs per SM); the default for batches of short sequences
 //   fused     plan (sequence map from cu_seqlens) -> the fused kernel (preparation and
-//             recurrence in one CTA, no workspace round trip); the default wherever it applies
+//             recurrence in one CTA, no workspace round trip)
 //   chunked   plan -> prep (per-chunk blocks, token parallel) -> recurrence (chunk-serial)
 //   token-serial  decode's kernel, for batches of very short sequences the others do not take
 // The one place where runtime values turn into template arguments of the prefill kernels
 // (gate, consumer warpgroups, value rows per CTA). KDAKIT_PRINT_CONFIGS=1 prints the choice;
-// KDAKIT_PREFILL_PATH=fused|chunked|token_serial forces a path and KDAKIT_FUSED_CONSUMERS=1|2
+// KDAKIT_PREFILL_PATH=tile16|fused|chunked|token_serial forces a path and KDAKIT_FUSED_CONSUMERS=1|2
 // the fused kernel's warpgroups (tests, benchmarks).
 #include "cuda/sm90/prefill/dispatch.h"
 
@@ -23,6 +25,7 @@
 #include "cuda/sm90/prefill/fused/launch.h"
 #include "cuda/sm90/prefill/prep/launch.h"
 #include "cuda/sm90/prefill/recurrence/launch.h"
+#include "cuda/sm90/prefill/tile16/launch.h"
 #include "cuda/sm90/prefill/workspace.h"
 
 namespace kdakit::sm90 {
@@ -77,6 +80,7 @@ PrefillPath forced_path_env() {
     if (v == "fused") return PrefillPath::kFused;
     if (v == "chunked") return PrefillPath::kChunked;
     if (v == "token_serial") return PrefillPath::kTokenSerial;
+    if (v == "tile16") return PrefillPath::kTile16;
     return PrefillPath::kAuto;
   }();
   return path;
@@ -181,11 +185,12 @@ int32_t sizing_segment_chunks(const PrefillParams& p) {
   return (p.seqlen + prefill::kChunk - 1) / prefill::kChunk > 16 ? prefill::min_segment_chunks(p.num_v_heads) : 0;
 }
 
-// NOTE: the fused kernel is the default only for batches of short sequences, where it measured
-// faster than the two-kernel path on the H200 (2026-12-01: H96 64 x 128 2.20 vs 2.27 ms, 32 x 256
-// 4.10 vs 4.36, 16 x 512 8.09 vs 8.18 token-serial). On long sequences its producer warpgroup
-// (one warp per SMSP, ~19 us a chunk) is slower than the prep kernel's 16 warps per SM (H96
-// fixed 2.42 vs 1.55 ms); docs/design/20261201-prefill-fused.md has the profile.
+// NOTE: the fused kernel's domain is batches of short sequences, where it measured faster than
+// the two-kernel path on the H200 (2026-12-01: H96 64 x 128 2.20 vs 2.27 ms, 32 x 256 4.10 vs
+// 4.36, 16 x 512 8.09 vs 8.18 token-serial); the 16-token-tile kernel now takes those batches by
+// default (below). On long sequences its producer warpgroup (one warp per SMSP, ~19 us a chunk)
+// is slower than the prep kernel's 16 warps per SM (H96 fixed 2.42 vs 1.55 ms);
+// docs/design/20261201-prefill-fused.md has the profile.
 constexpr int64_t kFusedMaxAverageLength = 64;
 
 bool short_sequences(const PrefillParams& p) { return lengths_within(p, kFusedMaxAverageLength, kFusedMaxLength); }
@@ -194,8 +199,32 @@ bool short_sequences(const PrefillParams& p) { return lengths_within(p, kFusedMa
 // forced), else the two-kernel path.
 bool use_fused(const PrefillParams& p) {
   const PrefillPath f = forced_path();
-  return (f == PrefillPath::kFused || (f == PrefillPath::kAuto && short_sequences(p))) &&
+  return (f == PrefillPath::kFused || f == PrefillPath::kTile16 || (f == PrefillPath::kAuto && short_sequences(p))) &&
          prefill::fused_unsupported(p).empty();
+}
+
+// NOTE: the 16-token-tile kernel takes what the fused kernel takes (same checks, same plan
+// region). By default it runs the fused kernel's batches that average at most
+// kTile16MaxAverageLength tokens per sequence (KDAKIT_TILE16_MAX_AVERAGE=L sets L, for
+// benchmarks); forced (KDAKIT_PREFILL_PATH=tile16) it runs any batch, and
+// KDAKIT_PREFILL_PATH=fused keeps the fused kernel. Measured on the H200 (2026-12-02, H = 96,
+// T = 8192, fp32 states): 64 x 128 1.78 ms against the fused kernel's 2.14, 32 x 256 2.22 against
+// 4.03, 16 x 512 3.07 against 7.98 (and the token-serial kernel's ~7.9); at 256 x 32 it is level
+// with the two-kernel path (1.55 against 1.58) and behind it from 512 x 16 on (1.55 against 1.48),
+// so the fused kernel's domain (64 tokens on average, 512 at most) is where it is the default.
+constexpr int64_t kTile16MaxAverageLength = 64;
+int64_t tile16_max_average() {
+  static const int64_t v = [] {
+    const char* env = std::getenv("KDAKIT_TILE16_MAX_AVERAGE");
+    const long long x = env != nullptr ? std::atoll(env) : -1;
+    return x >= 0 ? int64_t(x) : kTile16MaxAverageLength;
+  }();
+  return v;
+}
+bool use_tile16(const PrefillParams& p) {
+  const PrefillPath f = forced_path();
+  return f == PrefillPath::kTile16 ||
+         (f == PrefillPath::kAuto && short_sequences(p) && lengths_within(p, tile16_max_average(), kFusedMaxLength));
 }
 
 }  // namespace
@@ -233,7 +262,7 @@ size_t prefill_workspace_size(const PrefillParams& p) {
   const PrefillPath f = forced_path();
   if (batch_only) {
     const prefill::WorkspacePlan plan = plan_for(p, sizing_segment_chunks(p));
-    return f == PrefillPath::kFused ? plan.chunk_blocks_offset : plan.total_bytes;
+    return f == PrefillPath::kFused || f == PrefillPath::kTile16 ? plan.chunk_blocks_offset : plan.total_bytes;
   }
   if (f != PrefillPath::kChunked && use_fused(p)) return plan_for(p).chunk_blocks_offset;
   return plan_for(p, segment_choice(p).segment_chunks).total_bytes;
@@ -261,6 +290,20 @@ Status run_prefill(const PrefillParams& p, cudaStream_t stream) {
     // NOTE: with plan_ready the plan region already holds this batch's plan (kdakit::prefill_plan).
     Status st = p.plan_ready ? Status::Ok() : prefill::launch_prefill_plan(p, plan, p.workspace, stream);
     if (!st.ok()) return st;
+    if (use_tile16(p)) {
+      if (print)
+        std::fprintf(stderr, "kdakit prefill: N=%lld HV=%d tile16 path\n", (long long)p.num_seqs, p.num_v_heads);
+      switch (p.gate) {
+        case GateMode::kPrecomputed:
+          return prefill::launch_prefill_tile16<GateMode::kPrecomputed>(p, plan, p.workspace, stream);
+        case GateMode::kSoftplus:
+          return prefill::launch_prefill_tile16<GateMode::kSoftplus>(p, plan, p.workspace, stream);
+        case GateMode::kLowerBound:
+          return prefill::launch_prefill_tile16<GateMode::kLowerBound>(p, plan, p.workspace, stream);
+      }
+      return Status(StatusCode::kInvalidArgument, "prefill: gate must be precomputed, softplus or lower_bound, got " +
+                                                      std::to_string(int(p.gate)));
+    }
     const int consumers = fused_consumers_override() != 0 ? fused_consumers_override()
                                                           : prefill::fused_consumers(p.num_seqs, p.num_v_heads,
                                                                                      current_num_sms());
@@ -281,9 +324,11 @@ Status run_prefill(const PrefillParams& p, cudaStream_t stream) {
     return Status(StatusCode::kInvalidArgument, "prefill: gate must be precomputed, softplus or lower_bound, got " +
                                                     std::to_string(int(p.gate)));
   }
-  if (forced == PrefillPath::kFused)
-    return unsupported("the fused path (KDAKIT_PREFILL_PATH=fused) does not take this call: " +
+  if (forced == PrefillPath::kFused || forced == PrefillPath::kTile16) {
+    const std::string name = forced == PrefillPath::kFused ? "fused" : "tile16";
+    return unsupported("the " + name + " path (KDAKIT_PREFILL_PATH=" + name + ") does not take this call: " +
                        prefill::fused_unsupported(p));
+  }
   if (forced == PrefillPath::kTokenSerial || (forced == PrefillPath::kAuto && prefer_token_serial(p))) {
     const Status st = run_recurrent_prefill(p, stream);
     if (print)

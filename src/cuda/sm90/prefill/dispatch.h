@@ -9,7 +9,7 @@
 namespace kdakit::sm90 {
 
 // The kernel path of run_prefill; kAuto is the dispatcher's choice (see dispatch.cu).
-enum class PrefillPath { kAuto, kFused, kChunked, kTokenSerial };
+enum class PrefillPath { kAuto, kFused, kChunked, kTokenSerial, kTile16 };
 // For tests and tools that compare paths in one process: forces `path` for later calls (and
 // workspace size queries); kAuto removes the override. Not for concurrent use.
 void set_prefill_path(PrefillPath path);

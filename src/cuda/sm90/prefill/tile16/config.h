@@ -1,0 +1,80 @@
+// Compile-time decisions of the 16-token-tile prefill kernel (kernel.cuh): threads, the value
+// slice of a CTA, the exponent rule and the shared-memory plan. Host and device include this
+// header; it has no CUDA includes.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "cuda/sm90/prefill/workspace.h"
+
+namespace kdakit::sm90::prefill::tile16 {
+
+inline constexpr int kTile = 16;                       // tokens per step of the chain
+inline constexpr int kThreads = 128;                   // 4 warps; thread c = key channel c
+inline constexpr int kValueCols = 64;                  // value channels of S per CTA
+inline constexpr int kSlices = kHeadDim / kValueCols;  // CTAs per (sequence, value head)
+inline constexpr int kWarpCols = kValueCols / 4;       // value channels per warp (one m16 tile)
+// NOTE: 4 CTAs per SM (shared memory <= 56 KB, registers <= 128): while one CTA computes, the
+// others' state loads and stores are in flight.
+inline constexpr int kMinCtasPerSm = 4;
+
+// Channels whose base-2 gate sum drops by more than this within one tile keep the reference 0
+// for their row factors and have their L and M terms summed per element (kernel.cuh, "wide
+// channels"); the others factor 2^(b_r - b_s) around the tile midpoint m = b_15 / 2 into
+// 2^(b_r - m) 2^(m - b_s), both within 2^96, far from fp32 overflow. The lower-bound gate
+// (>= -5 nats a token, 115 in base 2 over 16 tokens) never gets there.
+inline constexpr float kMaxSpan = 192.f;
+
+// Shared memory (bytes; every offset a multiple of 16). fp32 tiles have padded rows so that the
+// mma fragment reads of a warp hit distinct banks (or two ways at most).
+struct SharedMemoryPlan {
+  static constexpr int kPitchC = kHeadDim + 8;  // [16 tokens][136]: the factor tiles
+  static constexpr int kPitchK =
+      kHeadDim + 4;  // [16 tokens][132]: Kend (read a column pair at a time)
+  static constexpr int kPitchT = kTile + 4;  // [16][20]: L, M, T
+  static constexpr size_t kChannelTile = size_t(kTile) * kPitchC * 4;
+  static constexpr size_t kSmallTile = size_t(kTile) * kPitchT * 4;
+  // Row factors qn 2^(b - m), kn 2^(b - m) and the column factor kn 2^(m - b) (0 for wide
+  // channels), token-major, as tf32 operands.
+  static constexpr size_t kQmOffset = 0;
+  static constexpr size_t kKmOffset = kQmOffset + kChannelTile;
+  static constexpr size_t kKcOffset = kKmOffset + kChannelTile;
+  // kn 2^(b_15 - b), token-major (the B operand of the state update).
+  static constexpr size_t kKendOffset = kKcOffset + kChannelTile;
+  static constexpr size_t kKendBytes = size_t(kTile) * kPitchK * 4;
+  // L = Km Kc^T (unscaled by beta); T = (I + diag(beta) L)^-1 over it (written once L is read);
+  // M = Qm Kc^T (zero above the diagonal).
+  static constexpr size_t kLOffset = kKendOffset + kKendBytes;
+  static constexpr size_t kTOffset = kLOffset;
+  static constexpr size_t kMOffset = kLOffset + kSmallTile;
+  // Raw inputs of one tile (cp.async): q, k bf16 [16][128]; g bf16 or fp32 [16][128] (per
+  // channel), whose space then holds the wide channels' running gate sums b (fp32 [16][128]);
+  // v bf16 [16][64] (the CTA's value slice, copied in once the last tile's is read).
+  static constexpr size_t kRawTile = size_t(kTile) * kHeadDim * 2;
+  static constexpr size_t kQRawOffset = kMOffset + kSmallTile;
+  static constexpr size_t kKRawOffset = kQRawOffset + kRawTile;
+  static constexpr size_t kGRawOffset = kKRawOffset + kRawTile;
+  static constexpr size_t kBOffset = kGRawOffset;
+  static constexpr size_t kGRawBytes = size_t(kTile) * kHeadDim * 4;
+  static constexpr size_t kVRawOffset = kGRawOffset + kGRawBytes;
+  static constexpr size_t kVBytes = size_t(kTile) * kValueCols * 2;
+  // Per-channel vectors fp32 [128]: 2^b_15 (the tile's decay), 2^m (the state operand's factor).
+  static constexpr size_t kDecayOffset = kVRawOffset + kVBytes;
+  static constexpr size_t kM2Offset = kDecayOffset + kHeadDim * 4;
+  // Per-token fp32 [16]: scale / ||q||, 1 / ||k||, beta, the raw scalar gate.
+  static constexpr size_t kRqOffset = kM2Offset + kHeadDim * 4;
+  static constexpr size_t kRkOffset = kRqOffset + kTile * 4;
+  static constexpr size_t kBetaOffset = kRkOffset + kTile * 4;
+  static constexpr size_t kGsOffset = kBetaOffset + kTile * 4;
+  static constexpr size_t kWideOffset = kGsOffset + kTile * 4;  // uint32 [4]: wide-channel mask
+  static constexpr size_t kWorkOffset = kWideOffset + 16;  // the CTA's work record (kernel.cuh)
+  static constexpr size_t kWorkBytes = 80;
+  static constexpr size_t kBytes = kWorkOffset + kWorkBytes;
+};
+static_assert(SharedMemoryPlan::kBytes % 16 == 0, "tile16 prefill: plan alignment");
+// 228 KB per SM, 1 KB of it reserved per CTA.
+static_assert(kMinCtasPerSm * (SharedMemoryPlan::kBytes + 1024) <= 228 * 1024,
+              "tile16 prefill: four CTAs per SM must fit the shared memory");
+
+}  // namespace kdakit::sm90::prefill::tile16

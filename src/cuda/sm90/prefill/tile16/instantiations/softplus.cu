@@ -1,0 +1,8 @@
+// The 16-token-tile prefill kernel, softplus gate.
+#include "cuda/sm90/prefill/tile16/kernel.cuh"
+
+namespace kdakit::sm90::prefill {
+template Status launch_prefill_tile16<GateMode::kSoftplus>(const PrefillParams&,
+                                                           const WorkspacePlan&, const void*,
+                                                           cudaStream_t);
+}  // namespace kdakit::sm90::prefill

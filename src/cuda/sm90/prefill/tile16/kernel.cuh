@@ -1,0 +1,678 @@
+// kda_prefill_tile16_sm90_kernel: chunked KDA prefill with 16-token tiles, for batches of short
+// sequences. One CTA of 4 warps per (sequence, value head, value half); the state's 64 value
+// channels stay in registers (fp32 mma accumulators) from the first tile to the last, and
+// several CTAs share an SM, so that one CTA's state load and store overlap another's compute.
+//
+// Math (per tile of C <= 16 tokens r, s; b_r the base-2 running gate sum per key channel from
+// the tile's start; qn = scale q / ||q||, kn = k / ||k|| with the optional norms; S^T the
+// state, V x K, of the CTA's value half):
+//   W^T = S0^T Kt^T,  Kt = kn 2^b              (the prediction of each token, from S0)
+//   L[r,s] = sum_i kn_r kn_s 2^(b_r - b_s) (s < r),  M[r,s] = sum_i qn_r kn_s 2^(b_r - b_s) (s <=
+//   r) T = (I + diag(beta) L)^-1 U^T = (V^T - W^T) diag(beta) T^T O^T = S0^T Qt^T + U^T M^T,  Qt =
+//   qn 2^b S^T = S0^T diag(2^b_15) + U^T Kend,  Kend = kn 2^(b_15 - b)
+// Exponents: per channel, m = b_15 / 2 (the tile midpoint); L and M factor into row factors
+// 2^(b_r - m) and column factors 2^(m - b_s), both within 2^96 for spans up to kMaxSpan, and the
+// state operand of W and O takes the 2^m (S0^T diag(2^m) (kn 2^(b - m))^T = S0^T Kt^T). Wider
+// channels use m = 0 for the row factors, 0 for the column factor, and add their L and M terms
+// per element. Kend's factors are 2^(non-positive).
+// Precision: every product on tf32 tensor cores (operands rounded to nearest, 11 significant
+// bits, once: the factor tiles are stored rounded), fp32 accumulation, the state in fp32
+// throughout; T by fp32 forward substitution.
+//
+// Per tile, all 128 threads:
+//   P1  thread c = key channel c: gate, running sum b; warps: q/k row norms, beta
+//   P2  thread c: the factor tiles Qm, Km, Kc (token-major), Kend (channel-major)
+//   P3  warp w: L (w = 0, 1) or M (w = 2, 3), one 8-column half each; every warp: W^T and
+//       S0^T Qt^T for its 16 value rows; then the wide channels' terms, if any
+//   P4  warp 0: T by forward substitution; every warp: R^T = (V^T - W^T) diag(beta)
+//   P5  U^T = R^T T^T, O^T += U^T M^T (stored), S^T = S^T diag(decay) + U^T Kend (the decay in P4)
+// The next tile's q, k and g are copied in (cp.async) from the end of P2 (P3 when a channel is
+// wide), its v from the end of P4, behind the rest of the tile.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <string>
+
+#include "cuda/common/device_setup.cuh"
+#include "cuda/common/math.cuh"
+#include "cuda/common/mma_sm80.cuh"
+#include "cuda/sm90/prefill/common/gate.cuh"
+#include "cuda/sm90/prefill/common/o_store.cuh"
+#include "cuda/sm90/prefill/common/state_io.cuh"
+#include "cuda/sm90/prefill/tile16/config.h"
+#include "cuda/sm90/prefill/tile16/launch.h"
+
+namespace kdakit::sm90::prefill::tile16 {
+
+using kdakit::cuda::cp_async_16;
+using kdakit::cuda::cp_async_4;
+using kdakit::cuda::fast_exp2;
+using kdakit::cuda::mma_tf32_1688;
+using kdakit::cuda::smem_u32;
+using kdakit::cuda::to_tf32;
+
+// Kernel-side parameters, derived from PrefillParams by the launcher (the state fields in the
+// common base).
+struct KernelParams : common::StateParams {
+  const int64_t* seq_start;  // [N] plan region
+  const int32_t* seq_len;    // [N] plan region
+  int32_t num_seqs;
+  int32_t num_v_heads;
+  int32_t v_heads_per_qk_head;
+  bool packed;  // cu_seqlens given: every sequence lives in batch row 0
+
+  const __nv_bfloat16* q;  // [B, T, H, K]
+  const __nv_bfloat16* k;
+  const __nv_bfloat16* v;  // [B, T, HV, V]
+  int64_t stride_q_b, stride_q_t, stride_q_h;
+  int64_t stride_k_b, stride_k_t, stride_k_h;
+  int64_t stride_v_b, stride_v_t, stride_v_h;
+  const void* g;  // [B, T, HV, K] or [B, T, HV]
+  int64_t stride_g_b, stride_g_t, stride_g_h;
+  bool g_fp32, scalar_gate;
+  const void* beta;  // [B, T, HV]
+  int64_t stride_beta_b, stride_beta_t, stride_beta_h;
+  bool beta_fp32;
+  const float* A_log;    // [HV], nullable
+  const float* dt_bias;  // [HV, K] ([HV] with the scalar gate), nullable
+
+  __nv_bfloat16* o;  // [B, T, HV, V]
+  int64_t stride_o_b, stride_o_t, stride_o_h;
+  bool o_pairs;  // two neighbouring value channels of o are one aligned 4-byte store
+
+  float scale;
+  float lower_bound;
+  bool use_qk_l2norm;
+  bool use_beta_sigmoid;
+  bool allow_neg_eigval;
+};
+
+using Smem = SharedMemoryPlan;
+
+// One (sequence, value head, value half) of the grid, and the global offsets of its tokens.
+struct Work {
+  int n, h, z;
+  int len;
+  int64_t q_off, k_off, v_off, g_off, beta_off, o_off;  // elements, at the sequence's token 0
+  int64_t cs_base;  // first chunk-state entry of the sequence (with chunk states)
+  int64_t pad;
+};
+static_assert(sizeof(Work) == SharedMemoryPlan::kWorkBytes, "tile16 prefill: work record size");
+
+// NOTE: the copy functions below read the work record from shared memory (volatile loads of
+// the fields they use, so not hoisted out of the tile loop): kept in registers across it, the
+// offsets pushed the kernel past 128.
+template <class T>
+__device__ __forceinline__ T vld(const T& x) {
+  return *static_cast<const volatile T*>(&x);
+}
+
+__device__ __forceinline__ Work work_of(const KernelParams& p, int cta) {
+  Work w;
+  w.z = cta % kSlices;
+  w.h = (cta / kSlices) % p.num_v_heads;
+  w.n = cta / kSlices / p.num_v_heads;
+  w.len = max(p.seq_len[w.n], 0);
+  const int64_t start = p.seq_start[w.n];
+  const int64_t brow = p.packed ? 0 : w.n;
+  const int hk = w.h / p.v_heads_per_qk_head;
+  w.q_off = brow * p.stride_q_b + start * p.stride_q_t + int64_t(hk) * p.stride_q_h;
+  w.k_off = brow * p.stride_k_b + start * p.stride_k_t + int64_t(hk) * p.stride_k_h;
+  w.v_off =
+      brow * p.stride_v_b + start * p.stride_v_t + int64_t(w.h) * p.stride_v_h + w.z * kValueCols;
+  w.g_off = brow * p.stride_g_b + start * p.stride_g_t + int64_t(w.h) * p.stride_g_h;
+  w.beta_off = brow * p.stride_beta_b + start * p.stride_beta_t + int64_t(w.h) * p.stride_beta_h;
+  w.o_off =
+      brow * p.stride_o_b + start * p.stride_o_t + int64_t(w.h) * p.stride_o_h + w.z * kValueCols;
+  return w;
+}
+
+// The raw v of tile j (the CTA's value slice) into shared memory, as issue_tile_copies below.
+__device__ __forceinline__ void issue_v_copy(const KernelParams& p, const Work& w, int j,
+                                             uint8_t* smem, int tid) {
+  const int valid = min(kTile, vld(w.len) - j * kTile);
+  // 16 rows x 8 chunks of 16 bytes; one chunk per thread
+  const int r = tid >> 3, ch = tid & 7;
+  uint8_t* dst = smem + Smem::kVRawOffset + uint32_t(r) * (kValueCols * 2) + ch * 16;
+  if (r < valid)
+    cp_async_16(smem_u32(dst),
+                p.v + vld(w.v_off) + (int64_t(j) * kTile + r) * p.stride_v_t + ch * 8);
+  else
+    *reinterpret_cast<uint4*>(dst) = make_uint4(0, 0, 0, 0);
+  kdakit::cuda::cp_async_commit();
+}
+
+// The raw q, k and (per-channel) g of tile j into shared memory: cp.async for the tile's
+// tokens, zeros for q and k rows past the sequence (never read from global memory: they may
+// hold another sequence's values or lie past the tensor).
+__device__ __forceinline__ void issue_tile_copies(const KernelParams& p, const Work& w, int j,
+                                                  uint8_t* smem, int tid) {
+  const int valid = min(kTile, vld(w.len) - j * kTile);
+  const int64_t tok0 = int64_t(j) * kTile;
+  const int64_t q_off = vld(w.q_off), k_off = vld(w.k_off), g_off = vld(w.g_off);
+  const uint4 zero = make_uint4(0, 0, 0, 0);
+  // q, k: 16 rows x 16 chunks of 16 bytes each; thread tid takes chunks tid and tid + 128.
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const int idx = tid + i * kThreads;
+    const int r = idx >> 4, ch = idx & 15;
+    const uint32_t off = uint32_t(r) * (kHeadDim * 2) + uint32_t(ch) * 16;
+    if (r < valid) {
+      cp_async_16(smem_u32(smem + Smem::kQRawOffset + off),
+                  p.q + q_off + (tok0 + r) * p.stride_q_t + ch * 8);
+      cp_async_16(smem_u32(smem + Smem::kKRawOffset + off),
+                  p.k + k_off + (tok0 + r) * p.stride_k_t + ch * 8);
+    } else {
+      *reinterpret_cast<uint4*>(smem + Smem::kQRawOffset + off) = zero;
+      *reinterpret_cast<uint4*>(smem + Smem::kKRawOffset + off) = zero;
+    }
+  }
+  // per-channel g: bf16 as q; fp32 element by element (thread = channel: coalesced per token,
+  // and any 4-byte aligned layout). Rows past the sequence are never read (P1 skips them).
+  if (!p.scalar_gate) {
+    if (p.g_fp32) {
+      const float* g = static_cast<const float*>(p.g) + g_off + tid;
+      for (int r = 0; r < valid; ++r)
+        cp_async_4(smem_u32(smem + Smem::kGRawOffset + (uint32_t(r) * kHeadDim + tid) * 4),
+                   g + (tok0 + r) * p.stride_g_t);
+    } else {
+      const __nv_bfloat16* g = static_cast<const __nv_bfloat16*>(p.g) + g_off;
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        const int idx = tid + i * kThreads;
+        const int r = idx >> 4, ch = idx & 15;
+        if (r < valid)
+          cp_async_16(
+              smem_u32(smem + Smem::kGRawOffset + uint32_t(r) * (kHeadDim * 2) + uint32_t(ch) * 16),
+              g + (tok0 + r) * p.stride_g_t + ch * 8);
+      }
+    }
+  }
+  kdakit::cuda::cp_async_commit();
+}
+
+// Raw beta and scalar gate of token `tid` of tile j (threads < 16; 0 past the sequence).
+__device__ __forceinline__ float load_beta(const KernelParams& p, const Work& w, int j, int tid) {
+  const int r = j * kTile + tid;
+  if (tid >= kTile || r >= vld(w.len)) return 0.f;
+  const int64_t off = vld(w.beta_off) + int64_t(r) * p.stride_beta_t;
+  return p.beta_fp32 ? static_cast<const float*>(p.beta)[off]
+                     : __bfloat162float(static_cast<const __nv_bfloat16*>(p.beta)[off]);
+}
+__device__ __forceinline__ float load_scalar_gate(const KernelParams& p, const Work& w, int j,
+                                                  int tid) {
+  const int r = j * kTile + tid;
+  if (!p.scalar_gate || tid >= kTile || r >= vld(w.len)) return 0.f;
+  const int64_t off = vld(w.g_off) + int64_t(r) * p.stride_g_t;
+  return p.g_fp32 ? static_cast<const float*>(p.g)[off]
+                  : __bfloat162float(static_cast<const __nv_bfloat16*>(p.g)[off]);
+}
+
+// x as a rounded tf32 mma operand, kept in an fp32 slot (only mma operands read these).
+__device__ __forceinline__ float tf32_value(float x) { return __uint_as_float(to_tf32(x)); }
+
+__device__ __forceinline__ float2 lds2(const uint8_t* base, uint32_t byte_off) {
+  return *reinterpret_cast<const float2*>(base + byte_off);
+}
+
+// A operand (16 rows x 8 k) of an mma.m16n8k8 from an accumulator tile c of the same rows:
+// the k index of A register pair (0, 1) / (2, 3) is column 2t / 2t + 1 of the tile, as long as
+// the B operand reads its rows in the same order (lds2 of columns 2t, 2t + 1).
+__device__ __forceinline__ void acc_as_a(const float (&c)[4], uint32_t (&a)[4]) {
+  a[0] = to_tf32(c[0]);
+  a[1] = to_tf32(c[2]);
+  a[2] = to_tf32(c[1]);
+  a[3] = to_tf32(c[3]);
+}
+
+template <GateMode kGate>
+__global__ void __launch_bounds__(kThreads, kMinCtasPerSm)
+    kda_prefill_tile16_sm90_kernel(const __grid_constant__ KernelParams p) {
+  extern __shared__ __align__(16) uint8_t smem[];
+  const int tid = int(threadIdx.x);
+  const int warp = tid >> 5, lane = tid & 31;
+  const int g = lane >> 2, t = lane & 3;  // mma group and thread in group
+
+  Work& wk = *reinterpret_cast<Work*>(smem + Smem::kWorkOffset);
+  if (warp == 0) {
+    const Work w = work_of(p, int(blockIdx.x));
+    const int64_t base = p.chunk_states != nullptr ? common::chunk_state_base_of(p, w.n, lane) : 0;
+    if (lane == 0) {
+      wk = w;
+      wk.cs_base = base;
+    }
+  }
+  __syncthreads();
+  const int n = vld(wk.n), h = vld(wk.h), len = vld(wk.len);
+  const int tiles = (len + kTile - 1) / kTile;
+
+  // The first tile's inputs, then the state (in flight together).
+  float beta_next = 0.f, gs_next = 0.f;
+  if (tiles > 0) {
+    issue_tile_copies(p, wk, 0, smem, tid);
+    issue_v_copy(p, wk, 0, smem, tid);
+    beta_next = load_beta(p, wk, 0, tid);
+    gs_next = load_scalar_gate(p, wk, 0, tid);
+  }
+  // The warp's 16 value rows of S^T (vrow: row of c0/c1; c2/c3: vrow + 8), key tiles j = 0..15.
+  const int vrow = vld(wk.z) * kValueCols + kWarpCols * warp + g;
+  float state[16][4];
+  {
+    const void* init = common::initial_state_of(p, n, h);
+    if (init != nullptr) {
+      common::load_state(state, init, vrow, t, p);
+    } else {
+#pragma unroll
+      for (int j = 0; j < 16; ++j) state[j][0] = state[j][1] = state[j][2] = state[j][3] = 0.f;
+    }
+  }
+
+  // Gate constants of thread c = tid's channel.
+  float gate_a = 1.f, gate_dt = 0.f;
+  if constexpr (kGate == GateMode::kSoftplus) gate_a = -expf(p.A_log[h]);
+  if constexpr (kGate == GateMode::kLowerBound)
+    gate_a = p.A_log != nullptr ? expf(p.A_log[h]) : 1.f;
+  if (kGate != GateMode::kPrecomputed && p.dt_bias != nullptr)
+    gate_dt = p.scalar_gate ? p.dt_bias[h] : p.dt_bias[h * kHeadDim + tid];
+
+  const int chunks_per_state = p.chunk_states != nullptr ? p.chunk_state_interval / kTile : 0;
+
+  float* qm_s = reinterpret_cast<float*>(smem + Smem::kQmOffset);
+  float* km_s = reinterpret_cast<float*>(smem + Smem::kKmOffset);
+  float* kc_s = reinterpret_cast<float*>(smem + Smem::kKcOffset);
+  float* kend_s = reinterpret_cast<float*>(smem + Smem::kKendOffset);
+  float* b_s = reinterpret_cast<float*>(smem + Smem::kBOffset);  // over the raw g
+  float* l_s = reinterpret_cast<float*>(smem + Smem::kLOffset);
+  float* m_s = reinterpret_cast<float*>(smem + Smem::kMOffset);
+  float* t_s = reinterpret_cast<float*>(smem + Smem::kTOffset);
+  const __nv_bfloat16* q_raw = reinterpret_cast<const __nv_bfloat16*>(smem + Smem::kQRawOffset);
+  const __nv_bfloat16* k_raw = reinterpret_cast<const __nv_bfloat16*>(smem + Smem::kKRawOffset);
+  float* decay_s = reinterpret_cast<float*>(smem + Smem::kDecayOffset);
+  float* m2_s = reinterpret_cast<float*>(smem + Smem::kM2Offset);
+  float* rq_s = reinterpret_cast<float*>(smem + Smem::kRqOffset);
+  float* rk_s = reinterpret_cast<float*>(smem + Smem::kRkOffset);
+  float* beta_s = reinterpret_cast<float*>(smem + Smem::kBetaOffset);
+  float* gs_s = reinterpret_cast<float*>(smem + Smem::kGsOffset);
+  uint32_t* wide_s = reinterpret_cast<uint32_t*>(smem + Smem::kWideOffset);
+  constexpr int PC = Smem::kPitchC, PK = Smem::kPitchK, PT = Smem::kPitchT;
+
+  for (int j = 0; j < tiles; ++j) {
+    const int valid = min(kTile, len - j * kTile);
+    // The state entering this tile, at every chunk-state interval (a multiple of 64 tokens).
+    if (chunks_per_state > 0 && j % chunks_per_state == 0) {
+      const int64_t off =
+          common::chunk_state_offset(p, vld(wk.cs_base) + j / chunks_per_state, vld(wk.h));
+      if (off >= 0)
+        common::store_state(state, common::state_at(p.chunk_states, off, p.chunk_bf16), vrow, t,
+                            common::StateView{p.k_first, p.chunk_bf16, p.chunk_pairs});
+    }
+
+    // ---- P1: gates and running sums (thread = channel), norms and beta
+    // ---------------------------
+    if (tid < kTile) {
+      beta_s[tid] = tid < valid ? kdakit::cuda::beta_activation(beta_next, p.use_beta_sigmoid,
+                                                                p.allow_neg_eigval)
+                                : 0.f;
+      gs_s[tid] = gs_next;
+    }
+    kdakit::cuda::cp_async_wait_all();
+    __syncthreads();
+    if (tid < kTile &&
+        j + 1 < tiles) {  // the next tile's beta and scalar gate land during this one
+      beta_next = load_beta(p, wk, j + 1, tid);
+      gs_next = load_scalar_gate(p, wk, j + 1, tid);
+    }
+    {
+      // warp w: rows 4w .. 4w + 3 of q (sums 0..3) and of k (4..7); lane = channels 4 lane .. + 3.
+      // A transposed butterfly: after the xor-16, 8 and 4 steps lane l holds sum (l / 4) % 8 of
+      // its half, quarter, eighth; two more steps finish it (9 shuffles for the 8 sums).
+      float v8[8];
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        const __nv_bfloat16* src =
+            (i < 4 ? q_raw : k_raw) + (4 * warp + (i & 3)) * kHeadDim + 4 * lane;
+        const uint2 x = *reinterpret_cast<const uint2*>(src);
+        const float a = __uint_as_float(x.x << 16), b = __uint_as_float(x.x & 0xffff0000u);
+        const float c = __uint_as_float(x.y << 16), d = __uint_as_float(x.y & 0xffff0000u);
+        v8[i] = a * a + b * b + c * c + d * d;
+      }
+      float v4[4], v2[2];
+      const bool h16 = (lane & 16) != 0, h8 = (lane & 8) != 0, h4 = (lane & 4) != 0;
+#pragma unroll
+      for (int i = 0; i < 4; ++i)
+        v4[i] =
+            (h16 ? v8[i + 4] : v8[i]) + __shfl_xor_sync(0xffffffffu, h16 ? v8[i] : v8[i + 4], 16);
+#pragma unroll
+      for (int i = 0; i < 2; ++i)
+        v2[i] = (h8 ? v4[i + 2] : v4[i]) + __shfl_xor_sync(0xffffffffu, h8 ? v4[i] : v4[i + 2], 8);
+      float sum = (h4 ? v2[1] : v2[0]) + __shfl_xor_sync(0xffffffffu, h4 ? v2[0] : v2[1], 4);
+      sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+      sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+      const int idx = (lane >> 2) & 7;  // 0..3: q row 4w + idx; 4..7: k row 4w + idx - 4
+      const int r = 4 * warp + (idx & 3);
+      // NOTE: rsqrt.approx (relative error ~2^-23), not the IEEE 1 / sqrt and its slow path.
+      const float norm = p.use_qk_l2norm ? rsqrtf(sum + 1e-6f) : 1.f;
+      if ((lane & 3) == 0) {
+        if (idx < 4)
+          rq_s[r] = r < valid ? p.scale * norm : 0.f;
+        else
+          rk_s[r] = r < valid ? norm : 0.f;
+      }
+    }
+    const int c = tid;
+    float b[kTile];  // the raw gate, then the running sum
+    if (p.scalar_gate) {
+#pragma unroll
+      for (int r = 0; r < kTile; ++r) b[r] = gs_s[r];
+    } else if (p.g_fp32) {
+#pragma unroll
+      for (int r = 0; r < kTile; ++r)
+        b[r] = reinterpret_cast<const float*>(smem + Smem::kGRawOffset)[r * kHeadDim + c];
+    } else {
+#pragma unroll
+      for (int r = 0; r < kTile; ++r)
+        b[r] = __bfloat162float(
+            reinterpret_cast<const __nv_bfloat16*>(smem + Smem::kGRawOffset)[r * kHeadDim + c]);
+    }
+    {
+      float run = 0.f;
+#pragma unroll
+      for (int r = 0; r < kTile; ++r) {
+        // NOTE: rows past the sequence decay by nothing: b_15 is b of the last token.
+        run += r < valid ? common::gate_log2<kGate>(b[r], gate_a, gate_dt, p.lower_bound) : 0.f;
+        b[r] = run;
+      }
+    }
+    const float bend = b[kTile - 1];
+    const bool wide = -bend > kMaxSpan;
+    const float mid = wide ? 0.f : 0.5f * bend;
+    const float m2 = fast_exp2(mid);
+    decay_s[c] = fast_exp2(bend);
+    m2_s[c] = m2;
+    {
+      const uint32_t ballot = __ballot_sync(0xffffffffu, wide);
+      if (lane == 0) wide_s[warp] = ballot;
+    }
+    __syncthreads();  // rq, rk
+
+    // ---- P2: factor tiles ----------------------------------------------------------------------
+    // Stored as tf32 (rounded to nearest): every later read is an mma operand.
+#pragma unroll
+    for (int r = 0; r < kTile; ++r) {
+      const float4 rq4 = *reinterpret_cast<const float4*>(rq_s + (r & ~3));
+      const float4 rk4 = *reinterpret_cast<const float4*>(rk_s + (r & ~3));
+      const float rq = (r & 3) == 0 ? rq4.x : (r & 3) == 1 ? rq4.y : (r & 3) == 2 ? rq4.z : rq4.w;
+      const float rk = (r & 3) == 0 ? rk4.x : (r & 3) == 1 ? rk4.y : (r & 3) == 2 ? rk4.z : rk4.w;
+      const float qn = __bfloat162float(q_raw[r * kHeadDim + c]) * rq;
+      const float kn = __bfloat162float(k_raw[r * kHeadDim + c]) * rk;
+      const float e_row = fast_exp2(b[r] - mid);  // <= 2^96
+      const float e =
+          fast_exp2(wide ? bend - b[r] : mid - b[r]);  // wide: 2^(b_15 - b_r); else <= 2^96
+      const float e_col = wide ? 0.f : e;
+      const float e_end = wide ? e : e * m2;  // 2^(b_15 - b_r) <= 1
+      qm_s[r * PC + c] = tf32_value(qn * e_row);
+      km_s[r * PC + c] = tf32_value(kn * e_row);
+      kc_s[r * PC + c] = tf32_value(kn * e_col);
+      kend_s[r * PK + c] = tf32_value(kn * e_end);
+      if (wide) b_s[r * kHeadDim + c] = b[r];  // read by the wide channels' terms only
+    }
+    const bool any_wide = __syncthreads_or(wide) != 0;
+    // Raw q, k, g of this tile are dead unless wide channels read them in P3.
+    if (!any_wide && j + 1 < tiles) issue_tile_copies(p, wk, j + 1, smem, tid);
+
+    // ---- P3: L, M and the state products (tf32 tensor cores)
+    // -----------------------------------------
+    {
+      const int mat = warp >> 1, nt = warp & 1;  // warp 0, 1: L; 2, 3: M; columns 8 nt .. 8 nt + 7
+      const uint8_t* rows = smem + (mat == 0 ? Smem::kKmOffset : Smem::kQmOffset);
+      const uint8_t* cols = smem + Smem::kKcOffset;
+      float acc[4] = {};
+#pragma unroll
+      for (int kk = 0; kk < kHeadDim / 8; ++kk) {
+        const int ch = 8 * kk + 2 * t;
+        const float2 r0 = lds2(rows, uint32_t(g * PC + ch) * 4),
+                     r1 = lds2(rows, uint32_t((g + 8) * PC + ch) * 4);
+        const float2 cb = lds2(cols, uint32_t((8 * nt + g) * PC + ch) * 4);
+        const uint32_t a[4] = {__float_as_uint(r0.x), __float_as_uint(r1.x), __float_as_uint(r0.y),
+                               __float_as_uint(r1.y)};
+        mma_tf32_1688(acc, a, __float_as_uint(cb.x), __float_as_uint(cb.y));
+      }
+      float* out = mat == 0 ? l_s : m_s;
+      const int col = 8 * nt + 2 * t;
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int row = g + 8 * (e >> 1), cl = col + (e & 1);
+        out[row * PT + cl] = (mat == 1 && cl > row) ? 0.f : acc[e];
+      }
+    }
+    // W^T = S0^T diag(2^m) Km^T and S0^T diag(2^m) Qm^T: the warp's 16 value rows x 16 tokens.
+    float wacc[2][4], qacc[2][4];
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) wacc[nt][e] = qacc[nt][e] = 0.f;
+#pragma unroll
+    for (int kk = 0; kk < kHeadDim / 8; ++kk) {
+      const int ch = 8 * kk + 2 * t;
+      const float2 f = *reinterpret_cast<const float2*>(m2_s + ch);
+      uint32_t a[4];
+      a[0] = to_tf32(state[kk][0] * f.x);
+      a[1] = to_tf32(state[kk][2] * f.x);
+      a[2] = to_tf32(state[kk][1] * f.y);
+      a[3] = to_tf32(state[kk][3] * f.y);
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt) {
+        const float2 kb = lds2(smem + Smem::kKmOffset, uint32_t((8 * nt + g) * PC + ch) * 4);
+        const float2 qb = lds2(smem + Smem::kQmOffset, uint32_t((8 * nt + g) * PC + ch) * 4);
+        mma_tf32_1688(wacc[nt], a, __float_as_uint(kb.x), __float_as_uint(kb.y));
+        mma_tf32_1688(qacc[nt], a, __float_as_uint(qb.x), __float_as_uint(qb.y));
+      }
+    }
+    if (any_wide) {
+      // Wide channels: their L and M terms, per element, on top of the tensor-core sums.
+      __syncthreads();
+#pragma unroll 1
+      for (int e = tid; e < 2 * kTile * kTile; e += kThreads) {
+        const int mat = e / (kTile * kTile), r = (e / kTile) % kTile, s = e % kTile;
+        if (s > r || (mat == 0 && s == r)) continue;
+        const __nv_bfloat16* rows = mat == 0 ? k_raw : q_raw;
+        const float rr = mat == 0 ? rk_s[r] : rq_s[r];
+        float sum = 0.f;
+#pragma unroll 1
+        for (int word = 0; word < 4; ++word) {
+          uint32_t bits = wide_s[word];
+          while (bits != 0) {
+            const int ch = 32 * word + __ffs(bits) - 1;
+            bits &= bits - 1;
+            sum += __bfloat162float(rows[r * kHeadDim + ch]) *
+                   __bfloat162float(k_raw[s * kHeadDim + ch]) *
+                   fast_exp2(b_s[r * kHeadDim + ch] - b_s[s * kHeadDim + ch]);
+          }
+        }
+        float* out = mat == 0 ? l_s : m_s;
+        out[r * PT + s] += sum * rr * rk_s[s];
+      }
+    }
+    __syncthreads();  // L, M
+    if (any_wide && j + 1 < tiles) issue_tile_copies(p, wk, j + 1, smem, tid);
+
+    // ---- P4: T = (I + diag(beta) L)^-1 (warp 0, lane = column), R^T = (V^T - W^T) diag(beta)
+    // ------
+    if (warp == 0) {
+      const int col = lane & (kTile - 1);
+      float x[kTile];
+#pragma unroll
+      for (int i = 0; i < kTile; ++i) {
+        float acc0 = 0.f, acc1 = 0.f;  // two chains: half the dependent FMAs per row
+#pragma unroll
+        for (int r = 0; r < i; r += 2) {
+          acc0 += l_s[i * PT + r] * x[r];
+          if (r + 1 < i) acc1 += l_s[i * PT + r + 1] * x[r + 1];
+        }
+        x[i] = (i == col ? 1.f : 0.f) - beta_s[i] * (acc0 + acc1);
+      }
+      __syncwarp();  // T goes over L: every lane is done reading it
+      if (lane < kTile) {
+#pragma unroll
+        for (int i = 0; i < kTile; ++i) t_s[i * PT + col] = x[i];
+      }
+    }
+    {
+      const __nv_bfloat16* v_raw = reinterpret_cast<const __nv_bfloat16*>(smem + Smem::kVRawOffset);
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int tok = 8 * nt + 2 * t + (e & 1);
+          const int vc = kWarpCols * warp + g + 8 * (e >> 1);
+          wacc[nt][e] =
+              (__bfloat162float(v_raw[tok * kValueCols + vc]) - wacc[nt][e]) * beta_s[tok];
+        }
+    }
+    // The state's decay over the tile (S0^T diag(2^b_15)), while warp 0 finishes T.
+#pragma unroll
+    for (int jj = 0; jj < 16; ++jj) {
+      const float2 d = *reinterpret_cast<const float2*>(decay_s + 8 * jj + 2 * t);
+      state[jj][0] *= d.x;
+      state[jj][1] *= d.y;
+      state[jj][2] *= d.x;
+      state[jj][3] *= d.y;
+    }
+    __syncthreads();  // T; v is read
+    if (j + 1 < tiles) issue_v_copy(p, wk, j + 1, smem, tid);
+
+    // ---- P5: U^T = R^T T^T; O^T = S0^T Qt^T + U^T M^T; S^T = S0^T diag(decay) + U^T Kend
+    // ----------
+    float u[2][4];
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt) u[nt][0] = u[nt][1] = u[nt][2] = u[nt][3] = 0.f;
+#pragma unroll
+    for (int kt = 0; kt < 2; ++kt) {
+      uint32_t a[4];
+      acc_as_a(wacc[kt], a);
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt) {
+        const float2 tb =
+            lds2(smem + Smem::kTOffset, uint32_t((8 * nt + g) * PT + 8 * kt + 2 * t) * 4);
+        mma_tf32_1688(u[nt], a, to_tf32(tb.x), to_tf32(tb.y));
+      }
+    }
+    uint32_t ua[2][4];
+    acc_as_a(u[0], ua[0]);
+    acc_as_a(u[1], ua[1]);
+#pragma unroll
+    for (int kt = 0; kt < 2; ++kt)
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt) {
+        const float2 mb =
+            lds2(smem + Smem::kMOffset, uint32_t((8 * nt + g) * PT + 8 * kt + 2 * t) * 4);
+        mma_tf32_1688(qacc[nt], ua[kt], to_tf32(mb.x), to_tf32(mb.y));
+      }
+    {
+      const float(&o_acc)[8] = reinterpret_cast<const float(&)[8]>(qacc);
+      common::store_o_tile<2>(
+          o_acc, p.o + vld(wk.o_off) + int64_t(j) * kTile * p.stride_o_t + kWarpCols * warp,
+          p.stride_o_t, valid, p.o_pairs, g, t);
+    }
+#pragma unroll
+    for (int jj = 0; jj < 16; ++jj) {
+#pragma unroll
+      for (int kt = 0; kt < 2; ++kt) {
+        // B (k = token, n = channel): tokens 8 kt + 2t and + 1 (the order of ua's k index)
+        const float* kend = kend_s + (8 * kt + 2 * t) * PK + 8 * jj + g;
+        mma_tf32_1688(state[jj], ua[kt], __float_as_uint(kend[0]), __float_as_uint(kend[PK]));
+      }
+    }
+  }
+
+  void* fin = common::final_state_of(p, vld(wk.n), vld(wk.h));
+  if (fin != nullptr) common::store_state(state, fin, vrow, t, p);
+}
+
+}  // namespace kdakit::sm90::prefill::tile16
+
+// ---- host launcher ------------------------------------------------------------------------------
+namespace kdakit::sm90::prefill {
+
+template <GateMode kGate>
+Status launch_prefill_tile16(const PrefillParams& p, const WorkspacePlan& plan,
+                             const void* workspace, cudaStream_t stream) {
+  using namespace tile16;
+  if (p.num_seqs == 0) return Status::Ok();
+  const int64_t num_ctas = p.num_seqs * p.num_v_heads * kSlices;
+  if (num_ctas > int64_t(INT32_MAX) || p.seqlen > int64_t(INT32_MAX) / 2)
+    return Status(StatusCode::kUnsupported,
+                  "prefill (tile16): N * HV * 2 and T must stay below 2^31");
+
+  const auto* ws = static_cast<const uint8_t*>(workspace);
+  const bool packed = p.cu_seqlens != nullptr;
+  KernelParams kp{};
+  static_cast<common::StateParams&>(kp) = common::state_params(p);
+  kp.seq_start = reinterpret_cast<const int64_t*>(ws + plan.seq_start_offset);
+  kp.seq_len = reinterpret_cast<const int32_t*>(ws + plan.seq_len_offset);
+  kp.num_seqs = int32_t(p.num_seqs);
+  kp.num_v_heads = p.num_v_heads;
+  kp.v_heads_per_qk_head = p.num_v_heads / p.num_qk_heads;
+  kp.packed = packed;
+  kp.q = static_cast<const __nv_bfloat16*>(p.q);
+  kp.k = static_cast<const __nv_bfloat16*>(p.k);
+  kp.v = static_cast<const __nv_bfloat16*>(p.v);
+  kp.stride_q_b = p.stride_q_b;
+  kp.stride_q_t = p.stride_q_t;
+  kp.stride_q_h = p.stride_q_h;
+  kp.stride_k_b = p.stride_k_b;
+  kp.stride_k_t = p.stride_k_t;
+  kp.stride_k_h = p.stride_k_h;
+  kp.stride_v_b = p.stride_v_b;
+  kp.stride_v_t = p.stride_v_t;
+  kp.stride_v_h = p.stride_v_h;
+  kp.g = p.g;
+  kp.stride_g_b = p.stride_g_b;
+  kp.stride_g_t = p.stride_g_t;
+  kp.stride_g_h = p.stride_g_h;
+  kp.g_fp32 = p.dtype_g == DType::kFloat32;
+  kp.scalar_gate = p.scalar_gate;
+  kp.beta = p.beta;
+  kp.stride_beta_b = p.stride_beta_b;
+  kp.stride_beta_t = p.stride_beta_t;
+  kp.stride_beta_h = p.stride_beta_h;
+  kp.beta_fp32 = p.dtype_beta == DType::kFloat32;
+  kp.A_log = p.A_log;
+  kp.dt_bias = p.dt_bias;
+  kp.o = static_cast<__nv_bfloat16*>(p.o);
+  kp.stride_o_b = p.stride_o_b;
+  kp.stride_o_t = p.stride_o_t;
+  kp.stride_o_h = p.stride_o_h;
+  kp.o_pairs = reinterpret_cast<uintptr_t>(p.o) % 4 == 0 && p.stride_o_t % 2 == 0 &&
+               p.stride_o_h % 2 == 0 && (packed || p.stride_o_b % 2 == 0);
+  kp.scale = p.scale;
+  kp.lower_bound = p.lower_bound;
+  kp.use_qk_l2norm = p.use_qk_l2norm;
+  kp.use_beta_sigmoid = p.use_beta_sigmoid;
+  kp.allow_neg_eigval = p.allow_neg_eigval;
+
+  auto kernel = kda_prefill_tile16_sm90_kernel<kGate>;
+  constexpr int kSmem = int(SharedMemoryPlan::kBytes);
+  // NOTE: per function and device; set once per device (common/device_setup.cuh), so no driver
+  // call is left on the run path.
+  static kdakit::cuda::PerDeviceOnce attr_once;
+  const cudaError_t attr_err = kdakit::cuda::set_up_once_per_device(attr_once, [&] {
+    return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
+  });
+  if (attr_err != cudaSuccess)
+    return Status(StatusCode::kCudaError, std::string("tile16/kernel.cuh: cudaFuncSetAttribute: ") +
+                                              cudaGetErrorString(attr_err));
+  kernel<<<unsigned(num_ctas), kThreads, kSmem, stream>>>(kp);
+  const cudaError_t err = cudaGetLastError();
+  if (err != cudaSuccess)
+    return Status(StatusCode::kCudaError,
+                  std::string("tile16/kernel.cuh: kda_prefill_tile16_sm90_kernel launch: ") +
+                      cudaGetErrorString(err));
+  return Status::Ok();
+}
+
+}  // namespace kdakit::sm90::prefill
