@@ -54,10 +54,20 @@ if [ "$run_tests" = 1 ]; then
     echo "gtest prefill_gpu_test[fused c$c] rc=$? $(grep -E '^\[  (PASSED|FAILED|SKIPPED) ' "$out/logs/prefill_gpu_test_fused_c$c.log" | tr -s ' ' | tr '\n' ' ')" | tee -a "$summary"
     grep -E 'rel_l2 [0-9.e-]+ over' "$out/logs/prefill_gpu_test_fused_c$c.log" | head -3
   done
-  # The pool cases (in place, read a / write b) on the fused kernel with one and two consumer
-  # warpgroups and on the token-serial kernel (the dispatcher takes the two-kernel path for the
-  # long ones and the fused kernel for the short ones).
-  for v in $([ "$prefill_only" = 1 ] || echo fused:1 fused:2 token_serial:0); do
+  # The 16-token-tile kernel on every case (the dispatcher takes it for batches of short
+  # sequences), then its sanitizer runs.
+  KDAKIT_PREFILL_PATH=tile16 timeout 300 "$stage/bin/prefill_gpu_test" --gtest_brief=1 \
+    --gtest_filter='-*PrefillSegmentsGpu*' >"$out/logs/prefill_gpu_test_tile16.log" 2>&1
+  echo "gtest prefill_gpu_test[tile16] rc=$? $(grep -E '^\[  (PASSED|FAILED|SKIPPED) ' "$out/logs/prefill_gpu_test_tile16.log" | tr -s ' ' | tr '\n' ' ')" | tee -a "$summary"
+  for tool in memcheck racecheck; do
+    KDAKIT_PREFILL_PATH=tile16 timeout 180 compute-sanitizer --tool $tool "$stage/bin/prefill_gpu_test" \
+      --gtest_filter='*Tile16*:*many_short*:*strided_views_aligned*' >"$out/logs/${tool}_tile16.log" 2>&1
+    echo "$tool tile16 rc=$? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$out/logs/${tool}_tile16.log" | tr '\n' ' ')" | tee -a "$summary"
+  done
+  # The pool cases (in place, read a / write b) on the tile kernel, the fused kernel with one
+  # and two consumer warpgroups and the token-serial kernel (the dispatcher takes the two-kernel
+  # path for the long ones and the tile kernel for the short ones).
+  for v in $([ "$prefill_only" = 1 ] && echo tile16:0 || echo tile16:0 fused:1 fused:2 token_serial:0); do
     path=${v%%:*} c=${v##*:}
     KDAKIT_PREFILL_PATH=$path KDAKIT_FUSED_CONSUMERS=$c timeout 300 "$stage/bin/prefill_pool_gpu_test" \
       --gtest_brief=1 >"$out/logs/prefill_pool_gpu_test_${path}_c$c.log" 2>&1

@@ -80,6 +80,8 @@ TEST_P(PrefillGpu, MatchesFloat64Reference) {
   EXPECT_TRUE(rel_l2_below("o", gpu.o, ref.o, 4e-3));
   const double state_bar = c.dtype_state == DType::kBFloat16 ? 8e-3 : 2e-3;
   const HostTensor& got_final = final_state_of(c, gpu);
+  std::printf("[%s] rel. L2: o %.3e, final state %s\n", c.name.c_str(), relative_l2(gpu.o, ref.o).rel_l2,
+              got_final.defined() ? std::to_string(relative_l2(got_final, final_state_of(c, ref)).rel_l2).c_str() : "-");
   if (got_final.defined()) {
     // over the whole pool: a slot nobody writes holds the same values in both
     EXPECT_TRUE(rel_l2_below("final state", got_final, final_state_of(c, ref), state_bar));
@@ -228,6 +230,62 @@ TEST_P(PrefillSegmentsGpu, AccuracyEqualsWholeSequences) {
 
 INSTANTIATE_TEST_SUITE_P(Long, PrefillSegmentsGpu, ::testing::ValuesIn(long_cases()),
                          [](const ::testing::TestParamInfo<LongCase>& info) { return std::string(info.param.name); });
+
+// The 16-token-tile kernel (KDAKIT_PREFILL_PATH=tile16; src/cuda/sm90/prefill/tile16) on gates
+// that only it treats its own way: channels whose base-2 gate sum drops by more than 192 within
+// one 16-token tile (steep channels, 20-40 nats a token, on about 10% of the channels, and about
+// 25% with spans of 180-230, around the bound) take per-element L and M terms, the others the
+// midpoint factors; a packed batch with sequences of many tiles, partial tiles, an empty one and
+// a tail, GVA, chunk states every 64 tokens. Against float64, and bitwise run to run.
+TEST(PrefillTile16Gpu, SteepGateChannelsAgainstFloat64) {
+  if (!have_sm90()) GTEST_SKIP() << "no sm_90 GPU";
+  PrefillCase c{.name = "tile16_steep_channels",
+                .seq_lens = {150, 0, 37, 16, 5},
+                .tail = 3,
+                .H = 2,
+                .HV = 4,
+                .K = 128,
+                .V = 128,
+                .gate = GateMode::kPrecomputed,
+                .has_A_log = false,
+                .has_dt_bias = false,
+                .dtype_g = DType::kFloat32,
+                .chunk_state_interval = 64};
+  for (const bool l2norm : {true, false}) {
+    c.l2norm = l2norm;
+    SCOPED_TRACE(l2norm ? "q/k L2 norm in kernel" : "no L2 norm");
+    Rng rng = make_rng();
+    SCOPED_TRACE(rng.trace());
+    PrefillTensors t = make_prefill_tensors(c, rng);
+    std::vector<double> rate(size_t(c.HV) * c.K);  // nats per token
+    for (double& x : rate) {
+      const double u = rng.uniform(0.0, 1.0);
+      x = u < 0.1 ? rng.uniform(20.0, 40.0)
+                  : (u < 0.35 ? rng.uniform(180.0, 230.0) / (16.0 * 1.4426950408889634) : rng.uniform(0.0, 0.5));
+    }
+    for (int64_t tt = 0; tt < c.tokens_per_row(); ++tt)
+      for (int h = 0; h < c.HV; ++h)
+        for (int i = 0; i < c.K; ++i)
+          t.g.set_at({0, tt, h, i}, -rate[size_t(h) * c.K + i] * rng.uniform(0.9, 1.1));
+    PrefillTensors ref = t, again = t;
+    sm90::set_prefill_path(sm90::PrefillPath::kTile16);
+    const Status st = run_prefill_on_gpu(c, t);
+    const Status st_again = run_prefill_on_gpu(c, again);
+    sm90::set_prefill_path(sm90::PrefillPath::kAuto);
+    ASSERT_TRUE(st.ok()) << st.message();
+    ASSERT_TRUE(st_again.ok()) << st_again.message();
+    ASSERT_TRUE(run_reference_fp32_output(c, ref).ok());
+    std::printf("[%s] rel. L2: o %.3e, final state %.3e, chunk states %.3e\n", c.name.c_str(),
+                relative_l2(t.o, ref.o).rel_l2, relative_l2(final_state_of(c, t), final_state_of(c, ref)).rel_l2,
+                relative_l2(t.chunk_states, ref.chunk_states).rel_l2);
+    EXPECT_TRUE(rel_l2_below("o", t.o, ref.o, 4e-3));
+    EXPECT_TRUE(rel_l2_below("final state", final_state_of(c, t), final_state_of(c, ref), 2e-3));
+    EXPECT_TRUE(rel_l2_below("chunk states", t.chunk_states, ref.chunk_states, 2e-3));
+    EXPECT_TRUE(bitwise_equal("o (second run)", again.o, t.o));
+    EXPECT_TRUE(bitwise_equal("final state (second run)", final_state_of(c, again), final_state_of(c, t)));
+    if (HasFatalFailure()) return;
+  }
+}
 
 }  // namespace
 }  // namespace kdakit::testing
