@@ -10,14 +10,14 @@
 
 namespace kdakit::sm90::prefill::tile16 {
 
-inline constexpr int kTile = 16;                       // tokens per step of the chain
-inline constexpr int kThreads = 128;                   // 4 warps; thread c = key channel c
-inline constexpr int kValueCols = 64;                  // value channels of S per CTA
-inline constexpr int kSlices = kHeadDim / kValueCols;  // CTAs per (sequence, value head)
-inline constexpr int kWarpCols = kValueCols / 4;       // value channels per warp (one m16 tile)
-// NOTE: 4 CTAs per SM (shared memory <= 56 KB, registers <= 128): while one CTA computes, the
-// others' state loads and stores are in flight.
-inline constexpr int kMinCtasPerSm = 4;
+inline constexpr int kTile = 16;  // tokens per step of the chain
+inline constexpr int kWarps = 8;  // warp w: value rows 16 w .. 16 w + 15 of the head's state
+inline constexpr int kThreads = 32 * kWarps;
+inline constexpr int kWarpCols = kHeadDim / kWarps;  // value channels per warp (one m16 tile)
+inline constexpr int kTileHalf = kTile / 2;  // thread (c, hh): channel c, rows 8 hh .. 8 hh + 7
+// NOTE: 2 CTAs per SM (shared memory, registers <= 128): while one CTA computes, the other's
+// state load and store are in flight.
+inline constexpr int kMinCtasPerSm = 2;
 
 // Channels whose base-2 gate sum drops by more than this within one tile keep the reference 0
 // for their row factors and have their L and M terms summed per element (kernel.cuh, "wide
@@ -50,7 +50,7 @@ struct SharedMemoryPlan {
   static constexpr size_t kMOffset = kLOffset + kSmallTile;
   // Raw inputs of one tile (cp.async): q, k bf16 [16][128]; g bf16 or fp32 [16][128] (per
   // channel), whose space then holds the wide channels' running gate sums b (fp32 [16][128]);
-  // v bf16 [16][64] (the CTA's value slice, copied in once the last tile's is read).
+  // v bf16 [16][128] (copied in once the last tile's is read).
   static constexpr size_t kRawTile = size_t(kTile) * kHeadDim * 2;
   static constexpr size_t kQRawOffset = kMOffset + kSmallTile;
   static constexpr size_t kKRawOffset = kQRawOffset + kRawTile;
@@ -58,12 +58,15 @@ struct SharedMemoryPlan {
   static constexpr size_t kBOffset = kGRawOffset;
   static constexpr size_t kGRawBytes = size_t(kTile) * kHeadDim * 4;
   static constexpr size_t kVRawOffset = kGRawOffset + kGRawBytes;
-  static constexpr size_t kVBytes = size_t(kTile) * kValueCols * 2;
+  static constexpr size_t kVBytes = size_t(kTile) * kHeadDim * 2;
   // Per-channel vectors fp32 [128]: 2^b_15 (the tile's decay), 2^m (the state operand's factor).
   static constexpr size_t kDecayOffset = kVRawOffset + kVBytes;
   static constexpr size_t kM2Offset = kDecayOffset + kHeadDim * 4;
+  // fp32 [2][128]: each token half's gate sum per channel (the second half's running sums start
+  // from the first's).
+  static constexpr size_t kHalfSumOffset = kM2Offset + kHeadDim * 4;
   // Per-token fp32 [16]: scale / ||q||, 1 / ||k||, beta, the raw scalar gate.
-  static constexpr size_t kRqOffset = kM2Offset + kHeadDim * 4;
+  static constexpr size_t kRqOffset = kHalfSumOffset + 2 * kHeadDim * 4;
   static constexpr size_t kRkOffset = kRqOffset + kTile * 4;
   static constexpr size_t kBetaOffset = kRkOffset + kTile * 4;
   static constexpr size_t kGsOffset = kBetaOffset + kTile * 4;
@@ -75,6 +78,6 @@ struct SharedMemoryPlan {
 static_assert(SharedMemoryPlan::kBytes % 16 == 0, "tile16 prefill: plan alignment");
 // 228 KB per SM, 1 KB of it reserved per CTA.
 static_assert(kMinCtasPerSm * (SharedMemoryPlan::kBytes + 1024) <= 228 * 1024,
-              "tile16 prefill: four CTAs per SM must fit the shared memory");
+              "tile16 prefill: two CTAs per SM must fit the shared memory");
 
 }  // namespace kdakit::sm90::prefill::tile16

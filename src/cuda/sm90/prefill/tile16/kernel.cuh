@@ -1,11 +1,11 @@
 // kda_prefill_tile16_sm90_kernel: chunked KDA prefill with 16-token tiles, for batches of short
-// sequences. One CTA of 4 warps per (sequence, value head, value half); the state's 64 value
-// channels stay in registers (fp32 mma accumulators) from the first tile to the last, and
-// several CTAs share an SM, so that one CTA's state load and store overlap another's compute.
+// sequences. One CTA of 8 warps per (sequence, value head); the state stays in registers (fp32
+// mma accumulators, 16 value rows per warp) from the first tile to the last, and two CTAs share
+// an SM, so that one CTA's state load and store overlap the other's compute.
 //
 // Math (per tile of C <= 16 tokens r, s; b_r the base-2 running gate sum per key channel from
 // the tile's start; qn = scale q / ||q||, kn = k / ||k|| with the optional norms; S^T the
-// state, V x K, of the CTA's value half):
+// state, V x K):
 //   W^T = S0^T Kt^T,  Kt = kn 2^b              (the prediction of each token, from S0)
 //   L[r,s] = sum_i kn_r kn_s 2^(b_r - b_s) (s < r),  M[r,s] = sum_i qn_r kn_s 2^(b_r - b_s) (s <=
 //   r) T = (I + diag(beta) L)^-1 U^T = (V^T - W^T) diag(beta) T^T O^T = S0^T Qt^T + U^T M^T,  Qt =
@@ -19,10 +19,11 @@
 // bits, once: the factor tiles are stored rounded), fp32 accumulation, the state in fp32
 // throughout; T by fp32 forward substitution.
 //
-// Per tile, all 128 threads:
-//   P1  thread c = key channel c: gate, running sum b; warps: q/k row norms, beta
-//   P2  thread c: the factor tiles Qm, Km, Kc (token-major), Kend (channel-major)
-//   P3  warp w: L (w = 0, 1) or M (w = 2, 3), one 8-column half each; every warp: W^T and
+// Per tile, all 256 threads (thread (c, hh) = key channel c, token half hh = rows 8 hh .. + 7):
+//   P1  thread (c, hh): gate and running sum b over its half; warps: q/k row norms, beta
+//   P2  thread (c, hh): b from both halves' sums; the factor tiles Qm, Km, Kc, Kend
+//       (token-major) of its rows
+//   P3  warp w < 4: L (w = 0, 1) or M (w = 2, 3), one 8-column half each; every warp: W^T and
 //       S0^T Qt^T for its 16 value rows; then the wide channels' terms, if any
 //   P4  warp 0: T by forward substitution; every warp: R^T = (V^T - W^T) diag(beta)
 //   P5  U^T = R^T T^T, O^T += U^T M^T (stored), S^T = S^T diag(decay) + U^T Kend (the decay in P4)
@@ -93,9 +94,9 @@ struct KernelParams : common::StateParams {
 
 using Smem = SharedMemoryPlan;
 
-// One (sequence, value head, value half) of the grid, and the global offsets of its tokens.
+// One (sequence, value head) of the grid, and the global offsets of its tokens.
 struct Work {
-  int n, h, z;
+  int n, h, z;  // z: unused (0)
   int len;
   int64_t q_off, k_off, v_off, g_off, beta_off, o_off;  // elements, at the sequence's token 0
   int64_t cs_base;  // first chunk-state entry of the sequence (with chunk states)
@@ -113,31 +114,29 @@ __device__ __forceinline__ T vld(const T& x) {
 
 __device__ __forceinline__ Work work_of(const KernelParams& p, int cta) {
   Work w;
-  w.z = cta % kSlices;
-  w.h = (cta / kSlices) % p.num_v_heads;
-  w.n = cta / kSlices / p.num_v_heads;
+  w.z = 0;
+  w.h = cta % p.num_v_heads;
+  w.n = cta / p.num_v_heads;
   w.len = max(p.seq_len[w.n], 0);
   const int64_t start = p.seq_start[w.n];
   const int64_t brow = p.packed ? 0 : w.n;
   const int hk = w.h / p.v_heads_per_qk_head;
   w.q_off = brow * p.stride_q_b + start * p.stride_q_t + int64_t(hk) * p.stride_q_h;
   w.k_off = brow * p.stride_k_b + start * p.stride_k_t + int64_t(hk) * p.stride_k_h;
-  w.v_off =
-      brow * p.stride_v_b + start * p.stride_v_t + int64_t(w.h) * p.stride_v_h + w.z * kValueCols;
+  w.v_off = brow * p.stride_v_b + start * p.stride_v_t + int64_t(w.h) * p.stride_v_h;
   w.g_off = brow * p.stride_g_b + start * p.stride_g_t + int64_t(w.h) * p.stride_g_h;
   w.beta_off = brow * p.stride_beta_b + start * p.stride_beta_t + int64_t(w.h) * p.stride_beta_h;
-  w.o_off =
-      brow * p.stride_o_b + start * p.stride_o_t + int64_t(w.h) * p.stride_o_h + w.z * kValueCols;
+  w.o_off = brow * p.stride_o_b + start * p.stride_o_t + int64_t(w.h) * p.stride_o_h;
   return w;
 }
 
-// The raw v of tile j (the CTA's value slice) into shared memory, as issue_tile_copies below.
+// The raw v of tile j into shared memory, as issue_tile_copies below.
 __device__ __forceinline__ void issue_v_copy(const KernelParams& p, const Work& w, int j,
                                              uint8_t* smem, int tid) {
   const int valid = min(kTile, vld(w.len) - j * kTile);
-  // 16 rows x 8 chunks of 16 bytes; one chunk per thread
-  const int r = tid >> 3, ch = tid & 7;
-  uint8_t* dst = smem + Smem::kVRawOffset + uint32_t(r) * (kValueCols * 2) + ch * 16;
+  // 16 rows x 16 chunks of 16 bytes; one chunk per thread
+  const int r = tid >> 4, ch = tid & 15;
+  uint8_t* dst = smem + Smem::kVRawOffset + uint32_t(r) * (kHeadDim * 2) + ch * 16;
   if (r < valid)
     cp_async_16(smem_u32(dst),
                 p.v + vld(w.v_off) + (int64_t(j) * kTile + r) * p.stride_v_t + ch * 8);
@@ -155,11 +154,9 @@ __device__ __forceinline__ void issue_tile_copies(const KernelParams& p, const W
   const int64_t tok0 = int64_t(j) * kTile;
   const int64_t q_off = vld(w.q_off), k_off = vld(w.k_off), g_off = vld(w.g_off);
   const uint4 zero = make_uint4(0, 0, 0, 0);
-  // q, k: 16 rows x 16 chunks of 16 bytes each; thread tid takes chunks tid and tid + 128.
-#pragma unroll
-  for (int i = 0; i < 2; ++i) {
-    const int idx = tid + i * kThreads;
-    const int r = idx >> 4, ch = idx & 15;
+  // q, k: 16 rows x 16 chunks of 16 bytes each; one chunk per thread.
+  {
+    const int r = tid >> 4, ch = tid & 15;
     const uint32_t off = uint32_t(r) * (kHeadDim * 2) + uint32_t(ch) * 16;
     if (r < valid) {
       cp_async_16(smem_u32(smem + Smem::kQRawOffset + off),
@@ -175,16 +172,16 @@ __device__ __forceinline__ void issue_tile_copies(const KernelParams& p, const W
   // and any 4-byte aligned layout). Rows past the sequence are never read (P1 skips them).
   if (!p.scalar_gate) {
     if (p.g_fp32) {
-      const float* g = static_cast<const float*>(p.g) + g_off + tid;
-      for (int r = 0; r < valid; ++r)
-        cp_async_4(smem_u32(smem + Smem::kGRawOffset + (uint32_t(r) * kHeadDim + tid) * 4),
+      // thread (c, hh): rows 8 hh .. 8 hh + 7 of channel c
+      const int c = tid & (kHeadDim - 1), r0 = (tid >> 7) * kTileHalf;
+      const float* g = static_cast<const float*>(p.g) + g_off + c;
+      for (int r = r0; r < min(valid, r0 + kTileHalf); ++r)
+        cp_async_4(smem_u32(smem + Smem::kGRawOffset + (uint32_t(r) * kHeadDim + c) * 4),
                    g + (tok0 + r) * p.stride_g_t);
     } else {
       const __nv_bfloat16* g = static_cast<const __nv_bfloat16*>(p.g) + g_off;
-#pragma unroll
-      for (int i = 0; i < 2; ++i) {
-        const int idx = tid + i * kThreads;
-        const int r = idx >> 4, ch = idx & 15;
+      {
+        const int r = tid >> 4, ch = tid & 15;
         if (r < valid)
           cp_async_16(
               smem_u32(smem + Smem::kGRawOffset + uint32_t(r) * (kHeadDim * 2) + uint32_t(ch) * 16),
@@ -259,7 +256,7 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm)
     gs_next = load_scalar_gate(p, wk, 0, tid);
   }
   // The warp's 16 value rows of S^T (vrow: row of c0/c1; c2/c3: vrow + 8), key tiles j = 0..15.
-  const int vrow = vld(wk.z) * kValueCols + kWarpCols * warp + g;
+  const int vrow = kWarpCols * warp + g;
   float state[16][4];
   {
     const void* init = common::initial_state_of(p, n, h);
@@ -271,13 +268,14 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm)
     }
   }
 
-  // Gate constants of thread c = tid's channel.
+  // Gate constants of thread (c, hh)'s channel.
+  const int c = tid & (kHeadDim - 1), hh = tid >> 7, r0 = hh * kTileHalf;
   float gate_a = 1.f, gate_dt = 0.f;
   if constexpr (kGate == GateMode::kSoftplus) gate_a = -expf(p.A_log[h]);
   if constexpr (kGate == GateMode::kLowerBound)
     gate_a = p.A_log != nullptr ? expf(p.A_log[h]) : 1.f;
   if (kGate != GateMode::kPrecomputed && p.dt_bias != nullptr)
-    gate_dt = p.scalar_gate ? p.dt_bias[h] : p.dt_bias[h * kHeadDim + tid];
+    gate_dt = p.scalar_gate ? p.dt_bias[h] : p.dt_bias[h * kHeadDim + c];
 
   const int chunks_per_state = p.chunk_states != nullptr ? p.chunk_state_interval / kTile : 0;
 
@@ -293,6 +291,7 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm)
   const __nv_bfloat16* k_raw = reinterpret_cast<const __nv_bfloat16*>(smem + Smem::kKRawOffset);
   float* decay_s = reinterpret_cast<float*>(smem + Smem::kDecayOffset);
   float* m2_s = reinterpret_cast<float*>(smem + Smem::kM2Offset);
+  float* half_s = reinterpret_cast<float*>(smem + Smem::kHalfSumOffset);
   float* rq_s = reinterpret_cast<float*>(smem + Smem::kRqOffset);
   float* rk_s = reinterpret_cast<float*>(smem + Smem::kRkOffset);
   float* beta_s = reinterpret_cast<float*>(smem + Smem::kBetaOffset);
@@ -301,7 +300,7 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm)
   constexpr int PC = Smem::kPitchC, PK = Smem::kPitchK, PT = Smem::kPitchT;
 
   for (int j = 0; j < tiles; ++j) {
-    const int valid = min(kTile, len - j * kTile);
+    const int valid = min(kTile, vld(wk.len) - j * kTile);
     // The state entering this tile, at every chunk-state interval (a multiple of 64 tokens).
     if (chunks_per_state > 0 && j % chunks_per_state == 0) {
       const int64_t off =
@@ -327,98 +326,103 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm)
       gs_next = load_scalar_gate(p, wk, j + 1, tid);
     }
     {
-      // warp w: rows 4w .. 4w + 3 of q (sums 0..3) and of k (4..7); lane = channels 4 lane .. + 3.
-      // A transposed butterfly: after the xor-16, 8 and 4 steps lane l holds sum (l / 4) % 8 of
-      // its half, quarter, eighth; two more steps finish it (9 shuffles for the 8 sums).
-      float v8[8];
+      // warp w: rows 2w, 2w + 1 of q (sums 0, 1) and of k (2, 3); lane = channels 4 lane .. + 3.
+      // A transposed butterfly: after the xor-16 and 8 steps lane l holds sum (l / 8) % 4 of its
+      // half and quarter; three more steps finish it (6 shuffles for the 4 sums).
+      float v4[4];
 #pragma unroll
-      for (int i = 0; i < 8; ++i) {
+      for (int i = 0; i < 4; ++i) {
         const __nv_bfloat16* src =
-            (i < 4 ? q_raw : k_raw) + (4 * warp + (i & 3)) * kHeadDim + 4 * lane;
+            (i < 2 ? q_raw : k_raw) + (2 * warp + (i & 1)) * kHeadDim + 4 * lane;
         const uint2 x = *reinterpret_cast<const uint2*>(src);
         const float a = __uint_as_float(x.x << 16), b = __uint_as_float(x.x & 0xffff0000u);
-        const float c = __uint_as_float(x.y << 16), d = __uint_as_float(x.y & 0xffff0000u);
-        v8[i] = a * a + b * b + c * c + d * d;
+        const float c4 = __uint_as_float(x.y << 16), d = __uint_as_float(x.y & 0xffff0000u);
+        v4[i] = a * a + b * b + c4 * c4 + d * d;
       }
-      float v4[4], v2[2];
-      const bool h16 = (lane & 16) != 0, h8 = (lane & 8) != 0, h4 = (lane & 4) != 0;
-#pragma unroll
-      for (int i = 0; i < 4; ++i)
-        v4[i] =
-            (h16 ? v8[i + 4] : v8[i]) + __shfl_xor_sync(0xffffffffu, h16 ? v8[i] : v8[i + 4], 16);
+      float v2[2];
+      const bool h16 = (lane & 16) != 0, h8 = (lane & 8) != 0;
 #pragma unroll
       for (int i = 0; i < 2; ++i)
-        v2[i] = (h8 ? v4[i + 2] : v4[i]) + __shfl_xor_sync(0xffffffffu, h8 ? v4[i] : v4[i + 2], 8);
-      float sum = (h4 ? v2[1] : v2[0]) + __shfl_xor_sync(0xffffffffu, h4 ? v2[0] : v2[1], 4);
+        v2[i] =
+            (h16 ? v4[i + 2] : v4[i]) + __shfl_xor_sync(0xffffffffu, h16 ? v4[i] : v4[i + 2], 16);
+      float sum = (h8 ? v2[1] : v2[0]) + __shfl_xor_sync(0xffffffffu, h8 ? v2[0] : v2[1], 8);
+      sum += __shfl_xor_sync(0xffffffffu, sum, 4);
       sum += __shfl_xor_sync(0xffffffffu, sum, 2);
       sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-      const int idx = (lane >> 2) & 7;  // 0..3: q row 4w + idx; 4..7: k row 4w + idx - 4
-      const int r = 4 * warp + (idx & 3);
+      const int idx = (lane >> 3) & 3;  // 0, 1: q row 2w + idx; 2, 3: k row 2w + idx - 2
+      const int r = 2 * warp + (idx & 1);
       // NOTE: rsqrt.approx (relative error ~2^-23), not the IEEE 1 / sqrt and its slow path.
       const float norm = p.use_qk_l2norm ? rsqrtf(sum + 1e-6f) : 1.f;
-      if ((lane & 3) == 0) {
-        if (idx < 4)
+      if ((lane & 7) == 0) {
+        if (idx < 2)
           rq_s[r] = r < valid ? p.scale * norm : 0.f;
         else
           rk_s[r] = r < valid ? norm : 0.f;
       }
     }
-    const int c = tid;
-    float b[kTile];  // the raw gate, then the running sum
+    float b[kTileHalf];  // the raw gate of rows r0 + i, then the running sum over the half
     if (p.scalar_gate) {
 #pragma unroll
-      for (int r = 0; r < kTile; ++r) b[r] = gs_s[r];
+      for (int i = 0; i < kTileHalf; ++i) b[i] = gs_s[r0 + i];
     } else if (p.g_fp32) {
 #pragma unroll
-      for (int r = 0; r < kTile; ++r)
-        b[r] = reinterpret_cast<const float*>(smem + Smem::kGRawOffset)[r * kHeadDim + c];
+      for (int i = 0; i < kTileHalf; ++i)
+        b[i] = reinterpret_cast<const float*>(smem + Smem::kGRawOffset)[(r0 + i) * kHeadDim + c];
     } else {
 #pragma unroll
-      for (int r = 0; r < kTile; ++r)
-        b[r] = __bfloat162float(
-            reinterpret_cast<const __nv_bfloat16*>(smem + Smem::kGRawOffset)[r * kHeadDim + c]);
+      for (int i = 0; i < kTileHalf; ++i)
+        b[i] = __bfloat162float(reinterpret_cast<const __nv_bfloat16*>(
+            smem + Smem::kGRawOffset)[(r0 + i) * kHeadDim + c]);
     }
     {
       float run = 0.f;
 #pragma unroll
-      for (int r = 0; r < kTile; ++r) {
+      for (int i = 0; i < kTileHalf; ++i) {
         // NOTE: rows past the sequence decay by nothing: b_15 is b of the last token.
-        run += r < valid ? common::gate_log2<kGate>(b[r], gate_a, gate_dt, p.lower_bound) : 0.f;
-        b[r] = run;
+        run +=
+            r0 + i < valid ? common::gate_log2<kGate>(b[i], gate_a, gate_dt, p.lower_bound) : 0.f;
+        b[i] = run;
       }
+      half_s[hh * kHeadDim + c] = run;
     }
-    const float bend = b[kTile - 1];
+    __syncthreads();  // rq, rk, the halves' sums
+    const float sum0 = half_s[c];
+    const float bend = sum0 + half_s[kHeadDim + c];
+    if (hh == 1) {
+#pragma unroll
+      for (int i = 0; i < kTileHalf; ++i) b[i] += sum0;
+    }
     const bool wide = -bend > kMaxSpan;
     const float mid = wide ? 0.f : 0.5f * bend;
     const float m2 = fast_exp2(mid);
-    decay_s[c] = fast_exp2(bend);
-    m2_s[c] = m2;
-    {
-      const uint32_t ballot = __ballot_sync(0xffffffffu, wide);
+    if (hh == 0) {
+      decay_s[c] = fast_exp2(bend);
+      m2_s[c] = m2;
+      const uint32_t ballot = __ballot_sync(0xffffffffu, wide);  // warps 0-3: channels 32 w ..
       if (lane == 0) wide_s[warp] = ballot;
     }
-    __syncthreads();  // rq, rk
 
     // ---- P2: factor tiles ----------------------------------------------------------------------
     // Stored as tf32 (rounded to nearest): every later read is an mma operand.
 #pragma unroll
-    for (int r = 0; r < kTile; ++r) {
-      const float4 rq4 = *reinterpret_cast<const float4*>(rq_s + (r & ~3));
-      const float4 rk4 = *reinterpret_cast<const float4*>(rk_s + (r & ~3));
-      const float rq = (r & 3) == 0 ? rq4.x : (r & 3) == 1 ? rq4.y : (r & 3) == 2 ? rq4.z : rq4.w;
-      const float rk = (r & 3) == 0 ? rk4.x : (r & 3) == 1 ? rk4.y : (r & 3) == 2 ? rk4.z : rk4.w;
+    for (int i = 0; i < kTileHalf; ++i) {
+      const int r = r0 + i;
+      const float4 rq4 = *reinterpret_cast<const float4*>(rq_s + r0 + (i & ~3));
+      const float4 rk4 = *reinterpret_cast<const float4*>(rk_s + r0 + (i & ~3));
+      const float rq = (i & 3) == 0 ? rq4.x : (i & 3) == 1 ? rq4.y : (i & 3) == 2 ? rq4.z : rq4.w;
+      const float rk = (i & 3) == 0 ? rk4.x : (i & 3) == 1 ? rk4.y : (i & 3) == 2 ? rk4.z : rk4.w;
       const float qn = __bfloat162float(q_raw[r * kHeadDim + c]) * rq;
       const float kn = __bfloat162float(k_raw[r * kHeadDim + c]) * rk;
-      const float e_row = fast_exp2(b[r] - mid);  // <= 2^96
+      const float e_row = fast_exp2(b[i] - mid);  // <= 2^96
       const float e =
-          fast_exp2(wide ? bend - b[r] : mid - b[r]);  // wide: 2^(b_15 - b_r); else <= 2^96
+          fast_exp2(wide ? bend - b[i] : mid - b[i]);  // wide: 2^(b_15 - b_r); else <= 2^96
       const float e_col = wide ? 0.f : e;
       const float e_end = wide ? e : e * m2;  // 2^(b_15 - b_r) <= 1
       qm_s[r * PC + c] = tf32_value(qn * e_row);
       km_s[r * PC + c] = tf32_value(kn * e_row);
       kc_s[r * PC + c] = tf32_value(kn * e_col);
       kend_s[r * PK + c] = tf32_value(kn * e_end);
-      if (wide) b_s[r * kHeadDim + c] = b[r];  // read by the wide channels' terms only
+      if (wide) b_s[r * kHeadDim + c] = b[i];  // read by the wide channels' terms only
     }
     const bool any_wide = __syncthreads_or(wide) != 0;
     // Raw q, k, g of this tile are dead unless wide channels read them in P3.
@@ -426,7 +430,7 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm)
 
     // ---- P3: L, M and the state products (tf32 tensor cores)
     // -----------------------------------------
-    {
+    if (warp < 4) {
       const int mat = warp >> 1, nt = warp & 1;  // warp 0, 1: L; 2, 3: M; columns 8 nt .. 8 nt + 7
       const uint8_t* rows = smem + (mat == 0 ? Smem::kKmOffset : Smem::kQmOffset);
       const uint8_t* cols = smem + Smem::kKcOffset;
@@ -529,8 +533,7 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm)
         for (int e = 0; e < 4; ++e) {
           const int tok = 8 * nt + 2 * t + (e & 1);
           const int vc = kWarpCols * warp + g + 8 * (e >> 1);
-          wacc[nt][e] =
-              (__bfloat162float(v_raw[tok * kValueCols + vc]) - wacc[nt][e]) * beta_s[tok];
+          wacc[nt][e] = (__bfloat162float(v_raw[tok * kHeadDim + vc]) - wacc[nt][e]) * beta_s[tok];
         }
     }
     // The state's decay over the tile (S0^T diag(2^b_15)), while warp 0 finishes T.
@@ -574,9 +577,11 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm)
       }
     {
       const float(&o_acc)[8] = reinterpret_cast<const float(&)[8]>(qacc);
-      common::store_o_tile<2>(
-          o_acc, p.o + vld(wk.o_off) + int64_t(j) * kTile * p.stride_o_t + kWarpCols * warp,
-          p.stride_o_t, valid, p.o_pairs, g, t);
+      // NOTE: the warp's column from threadIdx again (kept live across the tile loop it spilled)
+      common::store_o_tile<2>(o_acc,
+                              p.o + vld(wk.o_off) + int64_t(j) * kTile * p.stride_o_t +
+                                  kWarpCols * int(threadIdx.x >> 5),
+                              p.stride_o_t, valid, p.o_pairs, g, t);
     }
 #pragma unroll
     for (int jj = 0; jj < 16; ++jj) {
@@ -590,7 +595,7 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm)
   }
 
   void* fin = common::final_state_of(p, vld(wk.n), vld(wk.h));
-  if (fin != nullptr) common::store_state(state, fin, vrow, t, p);
+  if (fin != nullptr) common::store_state(state, fin, kWarpCols * int(threadIdx.x >> 5) + g, t, p);
 }
 
 }  // namespace kdakit::sm90::prefill::tile16
@@ -603,10 +608,9 @@ Status launch_prefill_tile16(const PrefillParams& p, const WorkspacePlan& plan,
                              const void* workspace, cudaStream_t stream) {
   using namespace tile16;
   if (p.num_seqs == 0) return Status::Ok();
-  const int64_t num_ctas = p.num_seqs * p.num_v_heads * kSlices;
+  const int64_t num_ctas = p.num_seqs * p.num_v_heads;
   if (num_ctas > int64_t(INT32_MAX) || p.seqlen > int64_t(INT32_MAX) / 2)
-    return Status(StatusCode::kUnsupported,
-                  "prefill (tile16): N * HV * 2 and T must stay below 2^31");
+    return Status(StatusCode::kUnsupported, "prefill (tile16): N * HV and T must stay below 2^31");
 
   const auto* ws = static_cast<const uint8_t*>(workspace);
   const bool packed = p.cu_seqlens != nullptr;
