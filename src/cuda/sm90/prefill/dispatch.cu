@@ -14,6 +14,7 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -195,36 +196,55 @@ constexpr int64_t kFusedMaxAverageLength = 64;
 
 bool short_sequences(const PrefillParams& p) { return lengths_within(p, kFusedMaxAverageLength, kFusedMaxLength); }
 
-// The chunked kernels this call takes: fused where it applies and is the faster (or is
-// forced), else the two-kernel path.
+// Whether the fused kernel takes this call (forced, or its batches when the tile kernel does not
+// take them: KDAKIT_TILE16_MAX_AVERAGE below 64).
 bool use_fused(const PrefillParams& p) {
   const PrefillPath f = forced_path();
-  return (f == PrefillPath::kFused || f == PrefillPath::kTile16 || (f == PrefillPath::kAuto && short_sequences(p))) &&
+  return (f == PrefillPath::kFused || (f == PrefillPath::kAuto && short_sequences(p))) &&
          prefill::fused_unsupported(p).empty();
 }
 
 // NOTE: the 16-token-tile kernel takes what the fused kernel takes (same checks, same plan
-// region). By default it runs the fused kernel's batches that average at most
-// kTile16MaxAverageLength tokens per sequence (KDAKIT_TILE16_MAX_AVERAGE=L sets L, for
-// benchmarks); forced (KDAKIT_PREFILL_PATH=tile16) it runs any batch, and
-// KDAKIT_PREFILL_PATH=fused keeps the fused kernel. Measured on the H200 (2026-12-02, H = 96,
-// T = 8192, fp32 states): 64 x 128 1.78 ms against the fused kernel's 2.14, 32 x 256 2.22 against
-// 4.03, 16 x 512 3.07 against 7.98 (and the token-serial kernel's ~7.9); at 256 x 32 it is level
-// with the two-kernel path (1.55 against 1.58) and behind it from 512 x 16 on (1.55 against 1.48),
-// so the fused kernel's domain (64 tokens on average, 512 at most) is where it is the default.
-constexpr int64_t kTile16MaxAverageLength = 64;
-int64_t tile16_max_average() {
+// region), and runs by default:
+//   - batches averaging at most 64 tokens per sequence (the fused kernel's domain; the longest
+//     at most 512 by the caller's hint), whatever their size;
+//   - with at least one (sequence, head) pair per SM: batches whose every sequence is known to be
+//     at most kTile16MaxLength tokens (a fixed batch, or a packed one with the max_seqlen hint),
+//     and packed batches without the hint that average at most kTile16MaxAverageLength.
+// KDAKIT_TILE16_MAX_AVERAGE=L sets both bounds to L (benchmarks); KDAKIT_PREFILL_PATH=tile16
+// forces it on any batch, KDAKIT_PREFILL_PATH=fused keeps the fused kernel.
+// Measured on the H200 (2026-12-02, session 15, the kernel of 8 warps per (sequence, head), H = 96,
+// T = 8192, fp32 states; tile16 against the other paths in the same call): 16 x 512 2.59 ms
+// against the fused kernel's 7.98, 32 x 256 1.88 against 4.03, 64 x 128 1.56 against 2.14,
+// 256 x 32 1.36 against the two-kernel path's 1.58, 512 x 16 1.32 against 1.49, 1024 x 8 1.30
+// against 1.42 (H64 0.88 against 0.97, H32 0.44 against 0.50). A long sequence in a batch of short
+// ones runs tile after tile in one CTA (~5 us a tile): 4096 + 8 x 512 took 1.73 ms there against
+// 1.45 on the two-kernel path, hence the lower bound on the average where the lengths are unknown.
+// With fewer pairs than SMs the tile kernel's serial chain is not spread over the card (the
+// two-kernel path's preparation is token-parallel).
+constexpr int64_t kTile16MaxAverageLength = 512;
+constexpr int64_t kTile16MaxLength = 1024;
+int64_t tile16_bound_override() {
   static const int64_t v = [] {
     const char* env = std::getenv("KDAKIT_TILE16_MAX_AVERAGE");
     const long long x = env != nullptr ? std::atoll(env) : -1;
-    return x >= 0 ? int64_t(x) : kTile16MaxAverageLength;
+    return x >= 0 ? int64_t(x) : int64_t(-1);
   }();
   return v;
 }
+bool tile16_by_default(const PrefillParams& p) {
+  const int64_t forced_bound = tile16_bound_override();
+  const int64_t average = forced_bound >= 0 ? forced_bound : kTile16MaxAverageLength;
+  const int64_t longest = forced_bound >= 0 ? forced_bound : kTile16MaxLength;
+  if (forced_bound < 0 && short_sequences(p)) return true;
+  if (p.num_seqs * p.num_v_heads < current_num_sms()) return false;
+  const bool lengths_known = p.cu_seqlens == nullptr || p.max_seqlen > 0;
+  return lengths_known ? lengths_within(p, longest, longest) : lengths_within(p, average, longest);
+}
 bool use_tile16(const PrefillParams& p) {
   const PrefillPath f = forced_path();
-  return f == PrefillPath::kTile16 ||
-         (f == PrefillPath::kAuto && short_sequences(p) && lengths_within(p, tile16_max_average(), kFusedMaxLength));
+  return (f == PrefillPath::kTile16 || (f == PrefillPath::kAuto && tile16_by_default(p))) &&
+         prefill::fused_unsupported(p).empty();
 }
 
 }  // namespace
@@ -264,7 +284,7 @@ size_t prefill_workspace_size(const PrefillParams& p) {
     const prefill::WorkspacePlan plan = plan_for(p, sizing_segment_chunks(p));
     return f == PrefillPath::kFused || f == PrefillPath::kTile16 ? plan.chunk_blocks_offset : plan.total_bytes;
   }
-  if (f != PrefillPath::kChunked && use_fused(p)) return plan_for(p).chunk_blocks_offset;
+  if (f != PrefillPath::kChunked && (use_tile16(p) || use_fused(p))) return plan_for(p).chunk_blocks_offset;
   return plan_for(p, segment_choice(p).segment_chunks).total_bytes;
 }
 
@@ -281,7 +301,7 @@ Status run_prefill(const PrefillParams& p, cudaStream_t stream) {
 
   const bool print = std::getenv("KDAKIT_PRINT_CONFIGS") != nullptr;
   const PrefillPath forced = forced_path();
-  if (use_fused(p)) {
+  if (use_tile16(p) || use_fused(p)) {  // the two kernels that read the plan region alone
     const prefill::WorkspacePlan plan = plan_for(p);
     const size_t need = plan.chunk_blocks_offset;
     if (p.workspace == nullptr || p.workspace_bytes < need)
