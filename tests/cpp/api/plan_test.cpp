@@ -147,9 +147,11 @@ TEST(PlanWorkspaceSize, SegmentSwitchAndItsWorkspace) {
 }
 
 // The longest-sequence hint (PrefillParams::max_seqlen): a packed batch averaging 32 tokens takes
-// the fused kernel (its workspace is the plan region alone) unless the caller says that one
-// member is longer than 512 tokens; then the two-kernel path and its chunk blocks.
-TEST(PlanWorkspaceSize, LongestSequenceHintRoutesALongMemberPastTheFusedKernel) {
+// the 16-token-tile kernel (its workspace is the plan region alone) unless the caller says that
+// one member is longer than the kernel's bound; then the two-kernel path and its chunk blocks.
+// The bound is 1024 tokens with at least one (sequence, head) pair per SM (256 x 8 here), 512
+// with fewer (the fused kernel's domain).
+TEST(PlanWorkspaceSize, LongestSequenceHintRoutesALongMemberPastThePlanRegionKernels) {
   namespace pf = sm90::prefill;
   constexpr int64_t kT = 8192, kN = 256;
   std::vector<int64_t> cu(kN + 1, 0);
@@ -159,13 +161,23 @@ TEST(PlanWorkspaceSize, LongestSequenceHintRoutesALongMemberPastTheFusedKernel) 
   sm90::set_prefill_path(sm90::PrefillPath::kAuto);
   sm90::set_prefill_segments(0);
   const pf::WorkspacePlan plan = pf::make_workspace_plan(1, kT, kN, true, 8);
-  EXPECT_EQ(prefill_workspace_size(p), plan.chunk_blocks_offset) << "no hint: the fused kernel";
-  p.max_seqlen = 512;
-  EXPECT_EQ(prefill_workspace_size(p), plan.chunk_blocks_offset) << "512 tokens: still fused";
-  p.max_seqlen = 513;
+  EXPECT_EQ(prefill_workspace_size(p), plan.chunk_blocks_offset) << "no hint: the tile kernel";
+  p.max_seqlen = 1024;
+  EXPECT_EQ(prefill_workspace_size(p), plan.chunk_blocks_offset) << "1024 tokens: still the tile kernel";
+  p.max_seqlen = 1025;
   EXPECT_EQ(prefill_workspace_size(p), plan.total_bytes) << "a longer member: the two-kernel path";
   p.max_seqlen = kT;
   EXPECT_EQ(prefill_workspace_size(p), plan.total_bytes);
+  // fewer pairs than SMs (N = 16 averaging 64 tokens at H = 8): the fused kernel's bound of 512
+  std::vector<int64_t> cu16(17, 0);
+  PrefillParams few = batch_fields(1024, 16, 8, cu16.data());
+  few.num_qk_heads = 8;
+  few.head_dim_k = few.head_dim_v = 128;
+  const pf::WorkspacePlan few_plan = pf::make_workspace_plan(1, 1024, 16, true, 8);
+  few.max_seqlen = 512;
+  EXPECT_EQ(prefill_workspace_size(few), few_plan.chunk_blocks_offset) << "512 tokens, 128 pairs: plan region";
+  few.max_seqlen = 513;
+  EXPECT_EQ(prefill_workspace_size(few), few_plan.total_bytes) << "513 tokens, 128 pairs: two-kernel path";
   // a fixed batch's rows all have the average length: the hint changes nothing there
   PrefillParams fixed = batch_fields(32, 8, 8, nullptr);
   fixed.num_qk_heads = 8;

@@ -218,7 +218,7 @@ bool use_fused(const PrefillParams& p) {
 // against the fused kernel's 7.98, 32 x 256 1.88 against 4.03, 64 x 128 1.56 against 2.14,
 // 256 x 32 1.36 against the two-kernel path's 1.58, 512 x 16 1.32 against 1.49, 1024 x 8 1.30
 // against 1.42 (H64 0.88 against 0.97, H32 0.44 against 0.50). A long sequence in a batch of short
-// ones runs tile after tile in one CTA (~5 us a tile): 4096 + 8 x 512 took 1.73 ms there against
+// ones runs tile after tile in one CTA (~6.5 us a tile): 4096 + 8 x 512 took 1.73 ms there against
 // 1.45 on the two-kernel path, hence the lower bound on the average where the lengths are unknown.
 // With fewer pairs than SMs the tile kernel's serial chain is not spread over the card (the
 // two-kernel path's preparation is token-parallel).
