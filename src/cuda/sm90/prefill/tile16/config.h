@@ -19,11 +19,12 @@ inline constexpr int kTileHalf = kTile / 2;  // thread (c, hh): channel c, rows 
 // state load and store are in flight.
 inline constexpr int kMinCtasPerSm = 2;
 
-// Channels whose base-2 gate sum drops by more than this within one tile keep the reference 0
-// for their row factors and have their L and M terms summed per element (kernel.cuh, "wide
-// channels"); the others factor 2^(b_r - b_s) around the tile midpoint m = b_15 / 2 into
-// 2^(b_r - m) 2^(m - b_s), both within 2^96, far from fp32 overflow. The lower-bound gate
-// (>= -5 nats a token, 115 in base 2 over 16 tokens) never gets there.
+// Channels whose base-2 gate sum drops by more than this within one 8-token half of a tile are
+// wide in that half: their L and M terms with columns in it are summed per element (kernel.cuh,
+// "wide channels"). The others factor 2^(b_r - b_s) around the midpoint m_h of the columns' half
+// h into 2^(b_r - m_h) 2^(m_h - b_s), at most 2^96 on the diagonal 8 x 8 blocks and
+// 2^(non-positive) below them. The lower-bound gate (>= -5 nats a token, 58 in base 2 over 8
+// tokens) never gets there; the benchmark's steepest softplus heads rarely do.
 inline constexpr float kMaxSpan = 192.f;
 
 // Shared memory (bytes; every offset a multiple of 16). fp32 tiles have padded rows so that the
@@ -41,7 +42,10 @@ struct SharedMemoryPlan {
   static constexpr size_t kKmOffset = kQmOffset + kChannelTile;
   static constexpr size_t kKcOffset = kKmOffset + kChannelTile;
   // kn 2^(b_15 - b), token-major (the B operand of the state update).
-  static constexpr size_t kKendOffset = kKcOffset + kChannelTile;
+  // The same row factors against the second token half's reference (rows 8-15; rows 0-7 zero).
+  static constexpr size_t kQm1Offset = kKcOffset + kChannelTile;
+  static constexpr size_t kKm1Offset = kQm1Offset + kChannelTile;
+  static constexpr size_t kKendOffset = kKm1Offset + kChannelTile;
   static constexpr size_t kKendBytes = size_t(kTile) * kPitchK * 4;
   // L = Km Kc^T (unscaled by beta); T = (I + diag(beta) L)^-1 over it (written once L is read);
   // M = Qm Kc^T (zero above the diagonal).
@@ -70,8 +74,9 @@ struct SharedMemoryPlan {
   static constexpr size_t kRkOffset = kRqOffset + kTile * 4;
   static constexpr size_t kBetaOffset = kRkOffset + kTile * 4;
   static constexpr size_t kGsOffset = kBetaOffset + kTile * 4;
-  static constexpr size_t kWideOffset = kGsOffset + kTile * 4;  // uint32 [4]: wide-channel mask
-  static constexpr size_t kWorkOffset = kWideOffset + 16;  // the CTA's work record (kernel.cuh)
+  // uint32 [2 halves][4]: the channels wide in each token half
+  static constexpr size_t kWideOffset = kGsOffset + kTile * 4;
+  static constexpr size_t kWorkOffset = kWideOffset + 32;  // the CTA's work record (kernel.cuh)
   static constexpr size_t kWorkBytes = 80;
   static constexpr size_t kBytes = kWorkOffset + kWorkBytes;
 };

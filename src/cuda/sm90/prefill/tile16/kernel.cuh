@@ -6,15 +6,22 @@
 // Math (per tile of C <= 16 tokens r, s; b_r the base-2 running gate sum per key channel from
 // the tile's start; qn = scale q / ||q||, kn = k / ||k|| with the optional norms; S^T the
 // state, V x K):
-//   W^T = S0^T Kt^T,  Kt = kn 2^b              (the prediction of each token, from S0)
-//   L[r,s] = sum_i kn_r kn_s 2^(b_r - b_s) (s < r),  M[r,s] = sum_i qn_r kn_s 2^(b_r - b_s) (s <=
-//   r) T = (I + diag(beta) L)^-1 U^T = (V^T - W^T) diag(beta) T^T O^T = S0^T Qt^T + U^T M^T,  Qt =
-//   qn 2^b S^T = S0^T diag(2^b_15) + U^T Kend,  Kend = kn 2^(b_15 - b)
-// Exponents: per channel, m = b_15 / 2 (the tile midpoint); L and M factor into row factors
-// 2^(b_r - m) and column factors 2^(m - b_s), both within 2^96 for spans up to kMaxSpan, and the
-// state operand of W and O takes the 2^m (S0^T diag(2^m) (kn 2^(b - m))^T = S0^T Kt^T). Wider
-// channels use m = 0 for the row factors, 0 for the column factor, and add their L and M terms
-// per element. Kend's factors are 2^(non-positive).
+//   W^T = S0^T Kt^T,  Kt = kn 2^b          (the prediction of each token, from S0)
+//   L[r,s] = sum_i kn_r kn_s 2^(b_r - b_s)  (s < r)
+//   M[r,s] = sum_i qn_r kn_s 2^(b_r - b_s)  (s <= r)
+//   T = (I + diag(beta) L)^-1
+//   U^T = (V^T - W^T) diag(beta) T^T
+//   O^T = S0^T Qt^T + U^T M^T,  Qt = qn 2^b
+//   S^T = S0^T diag(2^b_15) + U^T Kend,  Kend = kn 2^(b_15 - b)
+// Exponents: L and M factor 2^(b_r - b_s) into row factors 2^(b_r - m) and column factors
+// 2^(m - b_s) around a reference m per channel and column half: the midpoint of that 8-token
+// half's range of b (softplus and precomputed gates), or of the tile's (the lower-bound gate,
+// whose 16-token span is at most 115). Both factors stay within 2^96 on the diagonal blocks
+// for spans up to kMaxSpan, and below them (rows of the second half against the first half's
+// reference) the row factors are 2^(non-positive). The state operand of W and O takes the first
+// reference: S0^T diag(2^m) (kn 2^(b - m))^T = S0^T Kt^T. A channel whose span passes kMaxSpan
+// in a half ("wide") uses m = 0 there for the row factors, 0 for the column factors, and adds
+// its L and M terms with columns in that half per element. Kend's factors are 2^(non-positive).
 // Precision: every product on tf32 tensor cores (operands rounded to nearest, 11 significant
 // bits, once: the factor tiles are stored rounded), fp32 accumulation, the state in fp32
 // throughout; T by fp32 forward substitution.
@@ -22,7 +29,7 @@
 // Per tile, all 256 threads (thread (c, hh) = key channel c, token half hh = rows 8 hh .. + 7):
 //   P1  thread (c, hh): gate and running sum b over its half; warps: q/k row norms, beta
 //   P2  thread (c, hh): b from both halves' sums; the factor tiles Qm, Km, Kc, Kend
-//       (token-major) of its rows
+//       (token-major) of its rows, and Qm1, Km1 (the second half's reference) for steep gates
 //   P3  warp w < 4: L (w = 0, 1) or M (w = 2, 3), one 8-column half each; every warp: W^T and
 //       S0^T Qt^T for its 16 value rows; then the wide channels' terms, if any
 //   P4  warp 0: T by forward substitution; every warp: R^T = (V^T - W^T) diag(beta)
@@ -229,6 +236,11 @@ __device__ __forceinline__ void acc_as_a(const float (&c)[4], uint32_t (&a)[4]) 
 template <GateMode kGate>
 __global__ void __launch_bounds__(kThreads, kMinCtasPerSm)
     kda_prefill_tile16_sm90_kernel(const __grid_constant__ KernelParams p) {
+  // NOTE: references per 8-token half for the gates that can decay steeply (softplus,
+  // precomputed): on the H200 the benchmark's softplus H32 1024 x 8, forced here, went from
+  // 1.09 to 0.48 ms (most of its tiles had a channel wide over 16 tokens, ~none over 8); for the
+  // lower-bound gate the second reference cost 2-3% and buys nothing.
+  constexpr bool kHalfRefs = kGate != GateMode::kLowerBound;
   extern __shared__ __align__(16) uint8_t smem[];
   const int tid = int(threadIdx.x);
   const int warp = tid >> 5, lane = tid & 31;
@@ -282,6 +294,8 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm)
   float* qm_s = reinterpret_cast<float*>(smem + Smem::kQmOffset);
   float* km_s = reinterpret_cast<float*>(smem + Smem::kKmOffset);
   float* kc_s = reinterpret_cast<float*>(smem + Smem::kKcOffset);
+  float* qm1_s = reinterpret_cast<float*>(smem + Smem::kQm1Offset);
+  float* km1_s = reinterpret_cast<float*>(smem + Smem::kKm1Offset);
   float* kend_s = reinterpret_cast<float*>(smem + Smem::kKendOffset);
   float* b_s = reinterpret_cast<float*>(smem + Smem::kBOffset);  // over the raw g
   float* l_s = reinterpret_cast<float*>(smem + Smem::kLOffset);
@@ -392,13 +406,29 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm)
 #pragma unroll
       for (int i = 0; i < kTileHalf; ++i) b[i] += sum0;
     }
-    const bool wide = -bend > kMaxSpan;
-    const float mid = wide ? 0.f : 0.5f * bend;
-    const float m2 = fast_exp2(mid);
+    // References per token half h: m_h, the midpoint of the half's range of b ([b_7, 0] and
+    // [b_15, b_7]); a half whose span passes kMaxSpan is wide for the channel (reference 0 for
+    // the first half's row factors, column factors 0). The lower-bound gate (at most 115 over
+    // the whole tile) takes one reference, the tile's midpoint, for both halves (kHalfRefs).
+    const float sum1 = bend - sum0;
+    bool wide0, wide1;
+    float m0, m1;
+    if constexpr (kHalfRefs) {
+      wide0 = -sum0 > kMaxSpan, wide1 = -sum1 > kMaxSpan;
+      m0 = wide0 ? 0.f : 0.5f * sum0, m1 = sum0 + 0.5f * sum1;
+    } else {
+      wide0 = wide1 = -bend > kMaxSpan;
+      m0 = m1 = wide0 ? 0.f : 0.5f * bend;
+    }
+    const bool wide = hh == 0 ? wide0 : wide1;  // this thread's rows' half
+    const float mine = hh == 0 ? m0 : m1;       // the column reference of the thread's rows
     if (hh == 0) {
       decay_s[c] = fast_exp2(bend);
-      m2_s[c] = m2;
-      const uint32_t ballot = __ballot_sync(0xffffffffu, wide);  // warps 0-3: channels 32 w ..
+      m2_s[c] = fast_exp2(m0);  // the state operand's factor (row factors Km0, Qm0)
+    }
+    {
+      // warps 0-3 (half 0) and 4-7 (half 1): the wide-channel masks of both halves, word w
+      const uint32_t ballot = __ballot_sync(0xffffffffu, wide);
       if (lane == 0) wide_s[warp] = ballot;
     }
 
@@ -413,26 +443,44 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm)
       const float rk = (i & 3) == 0 ? rk4.x : (i & 3) == 1 ? rk4.y : (i & 3) == 2 ? rk4.z : rk4.w;
       const float qn = __bfloat162float(q_raw[r * kHeadDim + c]) * rq;
       const float kn = __bfloat162float(k_raw[r * kHeadDim + c]) * rk;
-      const float e_row = fast_exp2(b[i] - mid);  // <= 2^96
-      const float e =
-          fast_exp2(wide ? bend - b[i] : mid - b[i]);  // wide: 2^(b_15 - b_r); else <= 2^96
-      const float e_col = wide ? 0.f : e;
-      const float e_end = wide ? e : e * m2;  // 2^(b_15 - b_r) <= 1
-      qm_s[r * PC + c] = tf32_value(qn * e_row);
-      km_s[r * PC + c] = tf32_value(kn * e_row);
+      // Row factors against half 0's reference (its diagonal block: <= 2^96; the rows of half 1:
+      // 2^(non-positive)) and, for the rows of half 1, against half 1's (<= 2^96; zeros where
+      // half 1 is wide); the rows of half 0 have no terms with the columns of half 1 (zeros).
+      // Column factor against the row's own half (<= 2^96; 0 where that half is wide), and Kend's
+      // 2^(b_15 - b_r) <= 1.
+      const float e_row0 = fast_exp2(b[i] - m0);
+      float e_row1 = 0.f, e_col, e_end;
+      if constexpr (kHalfRefs) {
+        e_row1 = hh == 1 && !wide1 ? fast_exp2(b[i] - m1) : 0.f;  // no inf next to Kc's 0
+        e_col = wide ? 0.f : fast_exp2(mine - b[i]);
+        e_end = fast_exp2(bend - b[i]);
+      } else {
+        // one reference m = b_15 / 2: 2^(b_15 - b_r) = 2^(m - b_r) 2^m when not wide
+        const float e = fast_exp2(wide ? bend - b[i] : mine - b[i]);
+        e_col = wide ? 0.f : e;
+        e_end = wide ? e : e * fast_exp2(m0);
+      }
+      qm_s[r * PC + c] = tf32_value(qn * e_row0);
+      km_s[r * PC + c] = tf32_value(kn * e_row0);
+      if constexpr (kHalfRefs) {
+        qm1_s[r * PC + c] = tf32_value(qn * e_row1);
+        km1_s[r * PC + c] = tf32_value(kn * e_row1);
+      }
       kc_s[r * PC + c] = tf32_value(kn * e_col);
       kend_s[r * PK + c] = tf32_value(kn * e_end);
       if (wide) b_s[r * kHeadDim + c] = b[i];  // read by the wide channels' terms only
     }
-    const bool any_wide = __syncthreads_or(wide) != 0;
+    const bool any_wide = __syncthreads_or(wide0 || wide1) != 0;
     // Raw q, k, g of this tile are dead unless wide channels read them in P3.
     if (!any_wide && j + 1 < tiles) issue_tile_copies(p, wk, j + 1, smem, tid);
 
-    // ---- P3: L, M and the state products (tf32 tensor cores)
-    // -----------------------------------------
+    // ---- P3: L, M and the state products (tf32 tensor cores) ------------------------------
     if (warp < 4) {
-      const int mat = warp >> 1, nt = warp & 1;  // warp 0, 1: L; 2, 3: M; columns 8 nt .. 8 nt + 7
-      const uint8_t* rows = smem + (mat == 0 ? Smem::kKmOffset : Smem::kQmOffset);
+      // warp 0, 1: L; 2, 3: M; columns 8 nt .. 8 nt + 7, row factors against half nt's reference
+      const int mat = warp >> 1, nt = warp & 1;
+      const bool second = kHalfRefs && nt == 1;
+      const uint8_t* rows = smem + (mat == 0 ? (second ? Smem::kKm1Offset : Smem::kKmOffset)
+                                             : (second ? Smem::kQm1Offset : Smem::kQmOffset));
       const uint8_t* cols = smem + Smem::kKcOffset;
       float acc[4] = {};
 #pragma unroll
@@ -477,7 +525,8 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm)
       }
     }
     if (any_wide) {
-      // Wide channels: their L and M terms, per element, on top of the tensor-core sums.
+      // Wide channels: their L and M terms with columns in the half where they are wide, per
+      // element, on top of the tensor-core sums.
       __syncthreads();
 #pragma unroll 1
       for (int e = tid; e < 2 * kTile * kTile; e += kThreads) {
@@ -488,7 +537,7 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm)
         float sum = 0.f;
 #pragma unroll 1
         for (int word = 0; word < 4; ++word) {
-          uint32_t bits = wide_s[word];
+          uint32_t bits = wide_s[4 * (s / kTileHalf) + word];  // wide in the column's half
           while (bits != 0) {
             const int ch = 32 * word + __ffs(bits) - 1;
             bits &= bits - 1;
@@ -505,7 +554,6 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm)
     if (any_wide && j + 1 < tiles) issue_tile_copies(p, wk, j + 1, smem, tid);
 
     // ---- P4: T = (I + diag(beta) L)^-1 (warp 0, lane = column), R^T = (V^T - W^T) diag(beta)
-    // ------
     if (warp == 0) {
       const int col = lane & (kTile - 1);
       float x[kTile];
