@@ -55,6 +55,7 @@
 #include "cuda/sm90/prefill/common/state_io.cuh"
 #include "cuda/sm90/prefill/common/tc_inverse.cuh"
 #include "cuda/sm90/prefill/common/tensor_map.h"
+#include "cuda/sm90/prefill/common/token_params.h"
 #include "cuda/sm90/prefill/fused/config.h"
 #include "cuda/sm90/prefill/fused/launch.h"
 
@@ -955,42 +956,12 @@ Status launch_prefill_fused(const PrefillParams& p, const WorkspacePlan& plan,
   // its work items in turn, the producer running into the next item's first chunk.
   const int64_t num_ctas = std::min<int64_t>(num_items, std::max(num_sms, 1));
 
-  const auto* ws = static_cast<const uint8_t*>(workspace);
   const bool packed = p.cu_seqlens != nullptr;
   const bool g_tma = p.dtype_g == DType::kBFloat16 && !p.scalar_gate;
   KernelParams kp{};
   static_cast<common::StateParams&>(kp) = common::state_params(p);
-  kp.seq_start = reinterpret_cast<const int64_t*>(ws + plan.seq_start_offset);
-  kp.seq_len = reinterpret_cast<const int32_t*>(ws + plan.seq_len_offset);
-  kp.num_seqs = int32_t(p.num_seqs);
-  kp.num_v_heads = p.num_v_heads;
-  kp.v_heads_per_qk_head = p.num_v_heads / p.num_qk_heads;
-  kp.packed = packed;
-  kp.g = p.g;
-  kp.stride_g_b = p.stride_g_b;
-  kp.stride_g_t = p.stride_g_t;
-  kp.stride_g_h = p.stride_g_h;
+  common::fill_token_params(kp, p, plan, workspace);
   kp.g_tma = g_tma;
-  kp.g_fp32 = p.dtype_g == DType::kFloat32;
-  kp.scalar_gate = p.scalar_gate;
-  kp.beta = p.beta;
-  kp.stride_beta_b = p.stride_beta_b;
-  kp.stride_beta_t = p.stride_beta_t;
-  kp.stride_beta_h = p.stride_beta_h;
-  kp.beta_fp32 = p.dtype_beta == DType::kFloat32;
-  kp.A_log = p.A_log;
-  kp.dt_bias = p.dt_bias;
-  kp.o = static_cast<__nv_bfloat16*>(p.o);
-  kp.stride_o_b = p.stride_o_b;
-  kp.stride_o_t = p.stride_o_t;
-  kp.stride_o_h = p.stride_o_h;
-  kp.o_pairs = reinterpret_cast<uintptr_t>(p.o) % 4 == 0 && p.stride_o_t % 2 == 0 &&
-               p.stride_o_h % 2 == 0 && (packed || p.stride_o_b % 2 == 0);
-  kp.scale = p.scale;
-  kp.lower_bound = p.lower_bound;
-  kp.use_qk_l2norm = p.use_qk_l2norm;
-  kp.use_beta_sigmoid = p.use_beta_sigmoid;
-  kp.allow_neg_eigval = p.allow_neg_eigval;
 
   // NOTE: tokens past T read as zeros; a packed batch is one row (its batch stride unused).
   const uint64_t tokens = uint64_t(std::max<int64_t>(p.seqlen, 1));

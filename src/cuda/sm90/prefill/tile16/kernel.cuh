@@ -51,6 +51,7 @@
 #include "cuda/sm90/prefill/common/gate.cuh"
 #include "cuda/sm90/prefill/common/o_store.cuh"
 #include "cuda/sm90/prefill/common/state_io.cuh"
+#include "cuda/sm90/prefill/common/token_params.h"
 #include "cuda/sm90/prefill/tile16/config.h"
 #include "cuda/sm90/prefill/tile16/launch.h"
 
@@ -660,16 +661,9 @@ Status launch_prefill_tile16(const PrefillParams& p, const WorkspacePlan& plan,
   if (num_ctas > int64_t(INT32_MAX) || p.seqlen > int64_t(INT32_MAX) / 2)
     return Status(StatusCode::kUnsupported, "prefill (tile16): N * HV and T must stay below 2^31");
 
-  const auto* ws = static_cast<const uint8_t*>(workspace);
-  const bool packed = p.cu_seqlens != nullptr;
   KernelParams kp{};
   static_cast<common::StateParams&>(kp) = common::state_params(p);
-  kp.seq_start = reinterpret_cast<const int64_t*>(ws + plan.seq_start_offset);
-  kp.seq_len = reinterpret_cast<const int32_t*>(ws + plan.seq_len_offset);
-  kp.num_seqs = int32_t(p.num_seqs);
-  kp.num_v_heads = p.num_v_heads;
-  kp.v_heads_per_qk_head = p.num_v_heads / p.num_qk_heads;
-  kp.packed = packed;
+  common::fill_token_params(kp, p, plan, workspace);
   kp.q = static_cast<const __nv_bfloat16*>(p.q);
   kp.k = static_cast<const __nv_bfloat16*>(p.k);
   kp.v = static_cast<const __nv_bfloat16*>(p.v);
@@ -682,30 +676,6 @@ Status launch_prefill_tile16(const PrefillParams& p, const WorkspacePlan& plan,
   kp.stride_v_b = p.stride_v_b;
   kp.stride_v_t = p.stride_v_t;
   kp.stride_v_h = p.stride_v_h;
-  kp.g = p.g;
-  kp.stride_g_b = p.stride_g_b;
-  kp.stride_g_t = p.stride_g_t;
-  kp.stride_g_h = p.stride_g_h;
-  kp.g_fp32 = p.dtype_g == DType::kFloat32;
-  kp.scalar_gate = p.scalar_gate;
-  kp.beta = p.beta;
-  kp.stride_beta_b = p.stride_beta_b;
-  kp.stride_beta_t = p.stride_beta_t;
-  kp.stride_beta_h = p.stride_beta_h;
-  kp.beta_fp32 = p.dtype_beta == DType::kFloat32;
-  kp.A_log = p.A_log;
-  kp.dt_bias = p.dt_bias;
-  kp.o = static_cast<__nv_bfloat16*>(p.o);
-  kp.stride_o_b = p.stride_o_b;
-  kp.stride_o_t = p.stride_o_t;
-  kp.stride_o_h = p.stride_o_h;
-  kp.o_pairs = reinterpret_cast<uintptr_t>(p.o) % 4 == 0 && p.stride_o_t % 2 == 0 &&
-               p.stride_o_h % 2 == 0 && (packed || p.stride_o_b % 2 == 0);
-  kp.scale = p.scale;
-  kp.lower_bound = p.lower_bound;
-  kp.use_qk_l2norm = p.use_qk_l2norm;
-  kp.use_beta_sigmoid = p.use_beta_sigmoid;
-  kp.allow_neg_eigval = p.allow_neg_eigval;
 
   auto kernel = kda_prefill_tile16_sm90_kernel<kGate>;
   constexpr int kSmem = int(SharedMemoryPlan::kBytes);
