@@ -58,3 +58,25 @@ def test_every_listed_variant_parses_to_a_dispatcher_name():
         assert name in names, spec
         assert mods <= {"pdl", "pf", "nopf", "pfn", "nopfn"}, spec
         assert not {"pf", "nopf"} <= mods, spec
+
+
+def test_prefill_bench_host_lengths_passes_host_offsets_of_packed_cases():
+    """``--host-lengths``: kdakit.prefill gets the packed case's offsets on the host as well
+    (cu_seqlens_cpu, the longest-length hint); a fixed case has none to give."""
+    torch = pytest.importorskip("torch")
+    from kdakit import testing
+    from kdakit.bench import prefill as pbench
+
+    by_name = {c.name: c for c in testing.prefill_bench_cases()}
+    for name, packed in (("H32-1024x8", True), ("H32-fixed", False)):
+        case = by_name[name]
+        cu = torch.tensor(case.cu_seqlens, dtype=torch.int64) if packed else None
+        x = {key: None for key in ("q", "k", "v", "g", "beta", "A_log", "dt_bias")}
+        x["cu_seqlens"] = cu
+        _, plain = pbench._kdakit_call(case, x)
+        _, hinted = pbench._kdakit_call(case, x, host_lengths=True)
+        assert "cu_seqlens_cpu" not in plain
+        if packed:
+            assert hinted["cu_seqlens_cpu"].tolist() == list(case.cu_seqlens)
+        else:
+            assert "cu_seqlens_cpu" not in hinted

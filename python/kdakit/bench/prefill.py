@@ -17,7 +17,10 @@ Usage::
 
 ``--cases`` and ``--peer-cases`` keep cases whose name contains one of the comma-separated
 substrings; peers run only on ``--peer-cases`` (default: every selected case). FLA autotunes each
-new shape on its first call (up to a minute), hence ``--peer-cases``.
+new shape on its first call (up to a minute), hence ``--peer-cases``. ``--host-lengths`` also
+gives kdakit the packed cases' offsets on the host (``cu_seqlens_cpu``), the longest-length hint
+that steers packed batches of sequences up to 1024 tokens onto the 16-token-tile kernel (the
+default runs leave it out, as before).
 
 ``--pool`` (issue 7) times, on the packed cases H = 32 and H = 96, 1024x8 and mixed (fp32 V-first
 pool of 2N + 1 + entries slots, distinct random slots), each against prefill straight from the
@@ -66,18 +69,23 @@ def _select(cases, spec: str | None):
     return [c for c in cases if any(k in c.name for k in keys)]
 
 
-def _kdakit_call(case, x, **states) -> tuple[tuple, dict]:
+def _kdakit_call(case, x, host_lengths: bool = False, **states) -> tuple[tuple, dict]:
     """The positional inputs and keyword arguments of every timed kdakit.prefill call of a case
-    (the benchmark's gate, flags and V-first layout), plus the given state arguments."""
+    (the benchmark's gate, flags and V-first layout), plus the given state arguments. With
+    ``host_lengths`` a packed case also passes its offsets on the host (``cu_seqlens_cpu``, as an
+    engine that keeps them there would), from which kdakit takes the longest length as a routing
+    hint."""
     args = (x["q"], x["k"], x["v"], x["g"], x["beta"])
     kwargs = dict(gate=case.gate, A_log=x["A_log"], dt_bias=x["dt_bias"],
                   lower_bound=LOWER_BOUND if case.gate == "lower_bound" else None,
                   use_qk_l2norm=True, use_beta_sigmoid=True, cu_seqlens=x["cu_seqlens"],
                   state_layout="v_first", **states)
+    if host_lengths and x["cu_seqlens"] is not None:
+        kwargs["cu_seqlens_cpu"] = x["cu_seqlens"].cpu()
     return args, kwargs
 
 
-def _kdakit_runner(case, x) -> tuple[Callable[[], Any], Any]:
+def _kdakit_runner(case, x, host_lengths: bool = False) -> tuple[Callable[[], Any], Any]:
     import torch
 
     import kdakit
@@ -85,7 +93,8 @@ def _kdakit_runner(case, x) -> tuple[Callable[[], Any], Any]:
     B, T, HV, V = case.B, case.T, case.num_v_heads, case.V
     out = torch.empty((B, T, HV, V), dtype=torch.bfloat16, device="cuda")
     final = torch.empty_like(x["initial_state"])
-    args, kwargs = _kdakit_call(case, x, initial_state=x["initial_state"], final_state=final)
+    args, kwargs = _kdakit_call(case, x, host_lengths, initial_state=x["initial_state"],
+                                final_state=final)
     nbytes = kdakit.prefill_workspace_size(*args, **kwargs)
     workspace = torch.empty(max(int(nbytes), 1), dtype=torch.uint8, device="cuda")
 
@@ -413,6 +422,9 @@ def main(argv: list[str] | None = None) -> int:
                     f"against one plan per step (default cases: {PLAN_COMPARE_CASES})")
     ap.add_argument("--plan-layers", type=int, default=20,
                     help="KDA layers per step for --plan-compare (Kimi-Linear-48B-A3B: 20)")
+    ap.add_argument("--host-lengths", action="store_true",
+                    help="kdakit also gets packed cases' offsets on the host (cu_seqlens_cpu), "
+                    "the longest-length hint an engine with host offsets passes")
     ap.add_argument("--kernels", action="store_true",
                     help="device time of each kernel of one kdakit call (torch.profiler), beside "
                     "the CUDA-graph time of the call")
@@ -452,10 +464,11 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for case in cases:
         x = testing.prefill_inputs(case, lib="torch", device="cuda", seed=0)
-        run, out = _kdakit_runner(case, x)
+        run, out = _kdakit_runner(case, x, args.host_lengths)
         ms, how = _time(run, args.repeats)
+        repro = ["--cases", case.name] + (["--host-lengths"] if args.host_lengths else [])
         row = testing.Row(case=case.name, kdakit_ms=ms,
-                          repro=testing.repro_command("kdakit.bench.prefill", "--cases", case.name))
+                          repro=testing.repro_command("kdakit.bench.prefill", *repro))
         notes = [] if how == "graph" else [f"kdakit {how}"]
         if ms is not None:
             tokens = case.total_tokens * case.num_v_heads
