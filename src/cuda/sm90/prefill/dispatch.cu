@@ -1,9 +1,9 @@
 // The sm_90a prefill dispatcher: checks that a kernel is built for the call's shape and dtypes,
 // then runs, on one stream, one of four paths:
-//   tile16    plan -> the 16-token-tile kernel (a CTA per sequence, head and value half, the state
-//             in registers, several CTAs per SM); the default for batches of short sequences
+//   tile16    plan -> the 16-token-tile kernel (a CTA of 8 warps per sequence and head, the state
+//             in registers, two CTAs per SM); the default for short and medium sequences
 //   fused     plan (sequence map from cu_seqlens) -> the fused kernel (preparation and
-//             recurrence in one CTA, no workspace round trip)
+//             recurrence in one CTA, no workspace round trip); when forced or tile16 is off
 //   chunked   plan -> prep (per-chunk blocks, token parallel) -> recurrence (chunk-serial)
 //   token-serial  decode's kernel, for batches of very short sequences the others do not take
 // The one place where runtime values turn into template arguments of the prefill kernels

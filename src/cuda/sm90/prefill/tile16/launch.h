@@ -10,7 +10,7 @@
 namespace kdakit::sm90::prefill {
 
 // Reads the plan region of `workspace` (laid out per `plan`); writes o, the final state and the
-// optional chunk states of `p`. One CTA per (sequence, value head, value half).
+// optional chunk states of `p`. One CTA of 8 warps per (sequence, value head).
 template <GateMode kGate>
 Status launch_prefill_tile16(const PrefillParams& p, const WorkspacePlan& plan,
                              const void* workspace, cudaStream_t stream);
