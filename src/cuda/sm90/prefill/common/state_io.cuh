@@ -188,6 +188,27 @@ __device__ __forceinline__ void* final_state_of(const StateParams& p, int64_t n,
   return state_at(p.final_state, slot * p.stride_final_state_n + int64_t(h) * kHeadDim * kHeadDim, p.state_bf16);
 }
 
+// The initial state of sequence n, value head h into the fragments (load_state's layout), or
+// zeros when there is none (initial_state_of).
+template <int kTiles, class P>
+__device__ __forceinline__ void load_initial_state(float (&s)[kTiles][4], const P& p, int64_t n, int h, int vrow,
+                                                   int quad, int tile0 = 0) {
+  const void* init = initial_state_of(p, n, h);
+  if (init != nullptr) {
+    load_state(s, init, vrow, quad, p, tile0);
+  } else {
+#pragma unroll
+    for (int j = 0; j < kTiles; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
+  }
+}
+
+// A field of a record in shared memory written by another thread, read where it is used
+// (a volatile load: not kept in a register across the loop that reads it).
+template <class T>
+__device__ __forceinline__ T vld(const T* ptr) {
+  return *static_cast<const volatile T*>(ptr);
+}
+
 // The layout flags of a chunk-state store, which may differ from the state's dtype.
 struct StateView {
   bool k_first;

@@ -161,10 +161,7 @@ struct ItemRecord {
   int64_t cs_base;  // first chunk-state entry of the sequence
   int len, chunks, n, h, vbase, pad;
 };
-template <class T>
-__device__ __forceinline__ T vld(const T* ptr) {
-  return *static_cast<const volatile T*>(ptr);
-}
+using common::vld;
 template <int kSlices>
 __device__ __forceinline__ Item item_at(const KernelParams& p, int item) {
   Item it;

@@ -125,15 +125,7 @@ __global__ void __launch_bounds__(kThreads, 1) kda_prefill_combine_sm90_kernel(c
   const int ldt_chunk = lane / 16;
 
   float state[16][4];
-  {
-    const void* init = common::initial_state_of(p, n, h);
-    if (init != nullptr) {
-      common::load_state(state, init, vrow, quad, p);
-    } else {
-      #pragma unroll
-      for (int j = 0; j < 16; ++j) state[j][0] = state[j][1] = state[j][2] = state[j][3] = 0.f;
-    }
-  }
+  common::load_initial_state(state, p, n, h, vrow, quad);
 
   for (int s = 0; s < full_segments; ++s) {
     const int b = s & 1;
@@ -228,15 +220,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int ldt_chunk = lane / 16;
 
   float state[kSplitTiles][4];
-  {
-    const void* init = common::initial_state_of(p, n, h);
-    if (init != nullptr) {
-      common::load_state(state, init, vrow, quad, p, tile0);
-    } else {
-      #pragma unroll
-      for (int j = 0; j < kSplitTiles; ++j) state[j][0] = state[j][1] = state[j][2] = state[j][3] = 0.f;
-    }
-  }
+  common::load_initial_state(state, p, n, h, vrow, quad, tile0);
 
   // NOTE: Psi_{s+1} is loaded during step s: loaded at the head of its own step, each Psi cost a
   // DRAM round trip on the serial chain, about half of the ~2 us per step measured in session 10.

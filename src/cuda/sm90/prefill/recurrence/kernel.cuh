@@ -222,13 +222,7 @@ __device__ __forceinline__ void load_start_state(float (&state)[16][4], const Ke
     const uint8_t* area = segment_at(p, slot, h) + (seg == 0 ? SegmentLayout::kPhiHiOffset : SegmentLayout::kPsiOffset);
     load_state(state, area, vrow, quad, common::segment_state_view());
   } else {
-    const void* init = common::initial_state_of(p, n, h);
-    if (init != nullptr) {
-      load_state(state, init, vrow, quad, p);
-    } else {
-      #pragma unroll
-      for (int j = 0; j < 16; ++j) state[j][0] = state[j][1] = state[j][2] = state[j][3] = 0.f;
-    }
+    common::load_initial_state(state, p, n, h, vrow, quad);
   }
 }
 

@@ -112,13 +112,10 @@ struct Work {
 };
 static_assert(sizeof(Work) == SharedMemoryPlan::kWorkBytes, "tile16 prefill: work record size");
 
-// NOTE: the copy functions below read the work record from shared memory (volatile loads of
-// the fields they use, so not hoisted out of the tile loop): kept in registers across it, the
+// NOTE: the copy functions below read the work record from shared memory (common::vld of the
+// fields they use, so not hoisted out of the tile loop): kept in registers across it, the
 // offsets pushed the kernel past 128.
-template <class T>
-__device__ __forceinline__ T vld(const T& x) {
-  return *static_cast<const volatile T*>(&x);
-}
+using common::vld;
 
 __device__ __forceinline__ Work work_of(const KernelParams& p, int cta) {
   Work w;
@@ -141,13 +138,13 @@ __device__ __forceinline__ Work work_of(const KernelParams& p, int cta) {
 // The raw v of tile j into shared memory, as issue_tile_copies below.
 __device__ __forceinline__ void issue_v_copy(const KernelParams& p, const Work& w, int j,
                                              uint8_t* smem, int tid) {
-  const int valid = min(kTile, vld(w.len) - j * kTile);
+  const int valid = min(kTile, vld(&w.len) - j * kTile);
   // 16 rows x 16 chunks of 16 bytes; one chunk per thread
   const int r = tid >> 4, ch = tid & 15;
   uint8_t* dst = smem + Smem::kVRawOffset + uint32_t(r) * (kHeadDim * 2) + ch * 16;
   if (r < valid)
     cp_async_16(smem_u32(dst),
-                p.v + vld(w.v_off) + (int64_t(j) * kTile + r) * p.stride_v_t + ch * 8);
+                p.v + vld(&w.v_off) + (int64_t(j) * kTile + r) * p.stride_v_t + ch * 8);
   else
     *reinterpret_cast<uint4*>(dst) = make_uint4(0, 0, 0, 0);
   kdakit::cuda::cp_async_commit();
@@ -158,9 +155,9 @@ __device__ __forceinline__ void issue_v_copy(const KernelParams& p, const Work& 
 // hold another sequence's values or lie past the tensor).
 __device__ __forceinline__ void issue_tile_copies(const KernelParams& p, const Work& w, int j,
                                                   uint8_t* smem, int tid) {
-  const int valid = min(kTile, vld(w.len) - j * kTile);
+  const int valid = min(kTile, vld(&w.len) - j * kTile);
   const int64_t tok0 = int64_t(j) * kTile;
-  const int64_t q_off = vld(w.q_off), k_off = vld(w.k_off), g_off = vld(w.g_off);
+  const int64_t q_off = vld(&w.q_off), k_off = vld(&w.k_off), g_off = vld(&w.g_off);
   const uint4 zero = make_uint4(0, 0, 0, 0);
   // q, k: 16 rows x 16 chunks of 16 bytes each; one chunk per thread.
   {
@@ -203,16 +200,16 @@ __device__ __forceinline__ void issue_tile_copies(const KernelParams& p, const W
 // Raw beta and scalar gate of token `tid` of tile j (threads < 16; 0 past the sequence).
 __device__ __forceinline__ float load_beta(const KernelParams& p, const Work& w, int j, int tid) {
   const int r = j * kTile + tid;
-  if (tid >= kTile || r >= vld(w.len)) return 0.f;
-  const int64_t off = vld(w.beta_off) + int64_t(r) * p.stride_beta_t;
+  if (tid >= kTile || r >= vld(&w.len)) return 0.f;
+  const int64_t off = vld(&w.beta_off) + int64_t(r) * p.stride_beta_t;
   return p.beta_fp32 ? static_cast<const float*>(p.beta)[off]
                      : __bfloat162float(static_cast<const __nv_bfloat16*>(p.beta)[off]);
 }
 __device__ __forceinline__ float load_scalar_gate(const KernelParams& p, const Work& w, int j,
                                                   int tid) {
   const int r = j * kTile + tid;
-  if (!p.scalar_gate || tid >= kTile || r >= vld(w.len)) return 0.f;
-  const int64_t off = vld(w.g_off) + int64_t(r) * p.stride_g_t;
+  if (!p.scalar_gate || tid >= kTile || r >= vld(&w.len)) return 0.f;
+  const int64_t off = vld(&w.g_off) + int64_t(r) * p.stride_g_t;
   return p.g_fp32 ? static_cast<const float*>(p.g)[off]
                   : __bfloat162float(static_cast<const __nv_bfloat16*>(p.g)[off]);
 }
@@ -257,7 +254,7 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm)
     }
   }
   __syncthreads();
-  const int n = vld(wk.n), h = vld(wk.h), len = vld(wk.len);
+  const int n = vld(&wk.n), h = vld(&wk.h), len = vld(&wk.len);
   const int tiles = (len + kTile - 1) / kTile;
 
   // The first tile's inputs, then the state (in flight together).
@@ -271,15 +268,7 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm)
   // The warp's 16 value rows of S^T (vrow: row of c0/c1; c2/c3: vrow + 8), key tiles j = 0..15.
   const int vrow = kWarpCols * warp + g;
   float state[16][4];
-  {
-    const void* init = common::initial_state_of(p, n, h);
-    if (init != nullptr) {
-      common::load_state(state, init, vrow, t, p);
-    } else {
-#pragma unroll
-      for (int j = 0; j < 16; ++j) state[j][0] = state[j][1] = state[j][2] = state[j][3] = 0.f;
-    }
-  }
+  common::load_initial_state(state, p, n, h, vrow, t);
 
   // Gate constants of thread (c, hh)'s channel.
   const int c = tid & (kHeadDim - 1), hh = tid >> 7, r0 = hh * kTileHalf;
@@ -315,11 +304,11 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm)
   constexpr int PC = Smem::kPitchC, PK = Smem::kPitchK, PT = Smem::kPitchT;
 
   for (int j = 0; j < tiles; ++j) {
-    const int valid = min(kTile, vld(wk.len) - j * kTile);
+    const int valid = min(kTile, vld(&wk.len) - j * kTile);
     // The state entering this tile, at every chunk-state interval (a multiple of 64 tokens).
     if (chunks_per_state > 0 && j % chunks_per_state == 0) {
       const int64_t off =
-          common::chunk_state_offset(p, vld(wk.cs_base) + j / chunks_per_state, vld(wk.h));
+          common::chunk_state_offset(p, vld(&wk.cs_base) + j / chunks_per_state, vld(&wk.h));
       if (off >= 0)
         common::store_state(state, common::state_at(p.chunk_states, off, p.chunk_bf16), vrow, t,
                             common::StateView{p.k_first, p.chunk_bf16, p.chunk_pairs});
@@ -586,14 +575,7 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm)
         }
     }
     // The state's decay over the tile (S0^T diag(2^b_15)), while warp 0 finishes T.
-#pragma unroll
-    for (int jj = 0; jj < 16; ++jj) {
-      const float2 d = *reinterpret_cast<const float2*>(decay_s + 8 * jj + 2 * t);
-      state[jj][0] *= d.x;
-      state[jj][1] *= d.y;
-      state[jj][2] *= d.x;
-      state[jj][3] *= d.y;
-    }
+    common::decay_state(state, decay_s, t);
     __syncthreads();  // T; v is read
     if (j + 1 < tiles) issue_v_copy(p, wk, j + 1, smem, tid);
 
@@ -628,7 +610,7 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm)
       const float(&o_acc)[8] = reinterpret_cast<const float(&)[8]>(qacc);
       // NOTE: the warp's column from threadIdx again (kept live across the tile loop it spilled)
       common::store_o_tile<2>(o_acc,
-                              p.o + vld(wk.o_off) + int64_t(j) * kTile * p.stride_o_t +
+                              p.o + vld(&wk.o_off) + int64_t(j) * kTile * p.stride_o_t +
                                   kWarpCols * int(threadIdx.x >> 5),
                               p.stride_o_t, valid, p.o_pairs, g, t);
     }
@@ -643,7 +625,7 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm)
     }
   }
 
-  void* fin = common::final_state_of(p, vld(wk.n), vld(wk.h));
+  void* fin = common::final_state_of(p, vld(&wk.n), vld(&wk.h));
   if (fin != nullptr) common::store_state(state, fin, kWarpCols * int(threadIdx.x >> 5) + g, t, p);
 }
 
