@@ -188,6 +188,33 @@ TEST(PlanWorkspaceSize, LongestSequenceHintRoutesALongMemberPastThePlanRegionKer
   sm90::set_prefill_segments(-1);
 }
 
+// KDAKIT_PREFILL_PATH=tile16 (set_prefill_path(kTile16)): the 16-token-tile kernel takes any
+// batch it supports, a long fixed one included (its workspace: the plan region alone), and a call
+// it does not support (q rows not 16-byte aligned) is kUnsupported naming the forced path and
+// the reason, before anything is launched (no GPU needed). With the override removed the long
+// batch is the two-kernel path's again.
+TEST(PlanWorkspaceSize, ForcedTile16TakesAnySupportedBatchAndNamesWhatItDoesNot) {
+  namespace pf = sm90::prefill;
+  PrefillParams p = batch_fields(8192, 1, 8, nullptr);
+  p.num_qk_heads = 8;
+  p.head_dim_k = p.head_dim_v = 128;
+  sm90::set_prefill_segments(0);
+  const pf::WorkspacePlan plan = pf::make_workspace_plan(1, 8192, 1, false, 8);
+  sm90::set_prefill_path(sm90::PrefillPath::kTile16);
+  EXPECT_EQ(prefill_workspace_size(p), plan.chunk_blocks_offset) << "forced: the plan region";
+  alignas(16) static uint8_t buffer[64];
+  p.q = buffer + 2;  // not 16-byte aligned: neither plan-region kernel takes it
+  p.k = p.v = buffer;
+  const Status st = sm90::run_prefill(p, nullptr);
+  EXPECT_EQ(st.code(), StatusCode::kUnsupported) << st.message();
+  EXPECT_NE(st.message().find("KDAKIT_PREFILL_PATH=tile16"), std::string::npos) << st.message();
+  EXPECT_NE(st.message().find("16-byte aligned"), std::string::npos) << st.message();
+  p.q = p.k = p.v = nullptr;
+  sm90::set_prefill_path(sm90::PrefillPath::kAuto);
+  EXPECT_EQ(prefill_workspace_size(p), plan.total_bytes) << "by default: the two-kernel path";
+  sm90::set_prefill_segments(-1);
+}
+
 // One buffer sized from the largest batch's fields covers every call with at most those sizes,
 // whatever segments the cost model picks for it: 8-chunk segments at up to 4 value heads
 // (recurrence/launch.h, min_segment_chunks), one packed sequence modelled as a fixed batch.

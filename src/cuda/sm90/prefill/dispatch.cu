@@ -226,9 +226,12 @@ constexpr int64_t kTile16MaxAverageLength = 512;
 constexpr int64_t kTile16MaxLength = 1024;
 int64_t tile16_bound_override() {
   static const int64_t v = [] {
+    // a decimal count of tokens; anything else (unset, empty, signs, trailing text) is ignored
     const char* env = std::getenv("KDAKIT_TILE16_MAX_AVERAGE");
-    const long long x = env != nullptr ? std::atoll(env) : -1;
-    return x >= 0 ? int64_t(x) : int64_t(-1);
+    if (env == nullptr || *env < '0' || *env > '9') return int64_t(-1);
+    char* end = nullptr;
+    const long long x = std::strtoll(env, &end, 10);
+    return *end == '\0' ? int64_t(x) : int64_t(-1);
   }();
   return v;
 }
@@ -301,7 +304,8 @@ Status run_prefill(const PrefillParams& p, cudaStream_t stream) {
 
   const bool print = std::getenv("KDAKIT_PRINT_CONFIGS") != nullptr;
   const PrefillPath forced = forced_path();
-  if (use_tile16(p) || use_fused(p)) {  // the two kernels that read the plan region alone
+  const bool tile16 = use_tile16(p);
+  if (tile16 || use_fused(p)) {  // the two kernels that read the plan region alone
     const prefill::WorkspacePlan plan = plan_for(p);
     const size_t need = plan.chunk_blocks_offset;
     if (p.workspace == nullptr || p.workspace_bytes < need)
@@ -310,7 +314,7 @@ Status run_prefill(const PrefillParams& p, cudaStream_t stream) {
     // NOTE: with plan_ready the plan region already holds this batch's plan (kdakit::prefill_plan).
     Status st = p.plan_ready ? Status::Ok() : prefill::launch_prefill_plan(p, plan, p.workspace, stream);
     if (!st.ok()) return st;
-    if (use_tile16(p)) {
+    if (tile16) {
       if (print)
         std::fprintf(stderr, "kdakit prefill: N=%lld HV=%d tile16 path\n", (long long)p.num_seqs, p.num_v_heads);
       switch (p.gate) {
