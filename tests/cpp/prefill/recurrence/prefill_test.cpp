@@ -233,10 +233,14 @@ INSTANTIATE_TEST_SUITE_P(Long, PrefillSegmentsGpu, ::testing::ValuesIn(long_case
 
 // The 16-token-tile kernel (KDAKIT_PREFILL_PATH=tile16; src/cuda/sm90/prefill/tile16) on gates
 // that only it treats its own way: channels whose base-2 gate sum drops by more than 192 within
-// one 16-token tile (steep channels, 20-40 nats a token, on about 10% of the channels, and about
-// 25% with spans of 180-230, around the bound) take per-element L and M terms, the others the
-// midpoint factors; a packed batch with sequences of many tiles, partial tiles, an empty one and
-// a tail, GVA, chunk states every 64 tokens. Against float64, and bitwise run to run.
+// one 8-token half of a 16-token tile take per-element L and M terms, the others the midpoint
+// factors. Steep channels (20-40 nats a token) on about 10% of the channels, about 25% with spans
+// of 180-230 over 16 tokens (around the bound), and about 20% steep on one half of every tile only
+// (the first eight tokens of the sequence's tiles or the last eight; on the H200 the benchmark's
+// softplus inputs, steep on random tokens, found that a channel wide in the first half only lost
+// its terms between the halves' rows); a packed batch with sequences of many tiles, partial tiles,
+// an empty one and a tail, GVA, chunk states every 64 tokens. Against float64, and bitwise run to
+// run.
 TEST(PrefillTile16Gpu, SteepGateChannelsAgainstFloat64) {
   if (!have_sm90()) GTEST_SKIP() << "no sm_90 GPU";
   PrefillCase c{.name = "tile16_steep_channels",
@@ -257,16 +261,24 @@ TEST(PrefillTile16Gpu, SteepGateChannelsAgainstFloat64) {
     Rng rng = make_rng();
     SCOPED_TRACE(rng.trace());
     PrefillTensors t = make_prefill_tensors(c, rng);
-    std::vector<double> rate(size_t(c.HV) * c.K);  // nats per token
-    for (double& x : rate) {
+    std::vector<double> rate(size_t(c.HV) * c.K), steep(size_t(c.HV) * c.K);  // nats per token
+    std::vector<int> half(size_t(c.HV) * c.K, -1);  // >= 0: steep on that half of each tile only
+    for (size_t e = 0; e < rate.size(); ++e) {
       const double u = rng.uniform(0.0, 1.0);
-      x = u < 0.1 ? rng.uniform(20.0, 40.0)
-                  : (u < 0.35 ? rng.uniform(180.0, 230.0) / (16.0 * 1.4426950408889634) : rng.uniform(0.0, 0.5));
+      rate[e] = u < 0.1 ? rng.uniform(20.0, 40.0)
+                        : (u < 0.35 ? rng.uniform(180.0, 230.0) / (16.0 * 1.4426950408889634) : rng.uniform(0.0, 0.5));
+      if (u >= 0.35 && u < 0.55) half[e] = u < 0.45 ? 0 : 1, steep[e] = rng.uniform(30.0, 40.0);
     }
+    std::vector<int64_t> pos(size_t(c.tokens_per_row()), 0);  // token index within its sequence
+    for (int64_t start = 0, n = 0; n < int64_t(c.seq_lens.size()); start += c.seq_lens[size_t(n)], ++n)
+      for (int64_t i = 0; i < c.seq_lens[size_t(n)]; ++i) pos[size_t(start + i)] = i;
     for (int64_t tt = 0; tt < c.tokens_per_row(); ++tt)
       for (int h = 0; h < c.HV; ++h)
-        for (int i = 0; i < c.K; ++i)
-          t.g.set_at({0, tt, h, i}, -rate[size_t(h) * c.K + i] * rng.uniform(0.9, 1.1));
+        for (int i = 0; i < c.K; ++i) {
+          const size_t e = size_t(h) * c.K + i;
+          const bool steep_here = half[e] >= 0 && (pos[size_t(tt)] % 16) / 8 == half[e];
+          t.g.set_at({0, tt, h, i}, -(steep_here ? steep[e] : rate[e]) * rng.uniform(0.9, 1.1));
+        }
     PrefillTensors ref = t, again = t;
     sm90::set_prefill_path(sm90::PrefillPath::kTile16);
     const Status st = run_prefill_on_gpu(c, t);

@@ -458,7 +458,9 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm)
       }
       kc_s[r * PC + c] = tf32_value(kn * e_col);
       kend_s[r * PK + c] = tf32_value(kn * e_end);
-      if (wide) b_s[r * kHeadDim + c] = b[i];  // read by the wide channels' terms only
+      // read by the wide channels' terms only: a channel wide in half 0 also needs b of the rows
+      // of half 1 (their terms with half 0's columns), wide there or not
+      if (wide0 || wide1) b_s[r * kHeadDim + c] = b[i];
     }
     const bool any_wide = __syncthreads_or(wide0 || wide1) != 0;
     // Raw q, k, g of this tile are dead unless wide channels read them in P3.
