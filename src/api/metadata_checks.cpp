@@ -204,10 +204,12 @@ PrefillPlanRegion expected_prefill_plan(const PrefillParams& p, const std::vecto
     pos[static_cast<size_t>(m)] = running;
   }
   int64_t total = 0;
+  r.longest.assign(1, 0);
   for (int64_t n = 0; n < N; ++n) {
     const auto i = static_cast<size_t>(n);
     r.seq_start[i] = cu.empty() ? 0 : pos[i];
     r.seq_len[i] = static_cast<int32_t>(cu.empty() ? T : pos[i + 1] - pos[i]);
+    r.longest[0] = std::max(r.longest[0], r.seq_len[i]);
     r.chunk_offsets[i] = static_cast<int32_t>(total);
     const int64_t chunks = (r.seq_len[i] + chunk - 1) / chunk;
     for (int64_t c = total; c < total + chunks && c < max_chunks; ++c) {
@@ -246,6 +248,7 @@ Status check_prefill_plan(const PrefillParams& p, const std::vector<int64_t>& cu
   KDAKIT_RETURN_IF_ERROR(
       compare_plan_array("chunk_offsets", got.chunk_offsets, want.chunk_offsets));
   KDAKIT_RETURN_IF_ERROR(compare_plan_array("chunk_seq", got.chunk_seq, want.chunk_seq));
+  KDAKIT_RETURN_IF_ERROR(compare_plan_array("longest", got.longest, want.longest));
   return Status::Ok();
 }
 

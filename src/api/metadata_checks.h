@@ -43,12 +43,13 @@ struct PrefillPlanRegion {
   std::vector<int32_t> chunk_seq;      // [max_chunks]
   std::vector<int64_t> seq_start;      // [N]
   std::vector<int32_t> seq_len;        // [N]
+  std::vector<int32_t> longest;        // [1]: the largest seq_len, 0 for N = 0
 };
 
 // What the plan kernel writes for the batch fields of p and the host offsets `cu` (empty for a
 // fixed batch), with chunks of `chunk` tokens and `max_chunks` chunk_seq entries: offsets
 // clamped into [0, T] and made non-decreasing, lengths, exclusive sum of the chunk counts, the
-// sequence of every chunk (-1 past the total).
+// sequence of every chunk (-1 past the total), the longest length.
 PrefillPlanRegion expected_prefill_plan(const PrefillParams& p, const std::vector<int64_t>& cu,
                                         int64_t chunk, int64_t max_chunks);
 

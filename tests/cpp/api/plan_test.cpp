@@ -162,6 +162,18 @@ TEST(PlanWorkspaceSize, LongestSequenceHintRoutesALongMemberPastThePlanRegionKer
   sm90::set_prefill_segments(0);
   const pf::WorkspacePlan plan = pf::make_workspace_plan(1, kT, kN, true, 8);
   EXPECT_EQ(prefill_workspace_size(p), plan.chunk_blocks_offset) << "no hint: the tile kernel";
+  {
+    // averaging over 64 tokens without the hint (128 here): routed on the device, so sized for
+    // the two-kernel path; with the hint it is the host's choice again
+    std::vector<int64_t> cu64(65, 0);
+    PrefillParams mid = batch_fields(kT, 64, 8, cu64.data());
+    mid.num_qk_heads = 8;
+    mid.head_dim_k = mid.head_dim_v = 128;
+    const pf::WorkspacePlan mid_plan = pf::make_workspace_plan(1, kT, 64, true, 8);
+    EXPECT_EQ(prefill_workspace_size(mid), mid_plan.total_bytes) << "no hint, 128 tokens on average: routed";
+    mid.max_seqlen = 1024;
+    EXPECT_EQ(prefill_workspace_size(mid), mid_plan.chunk_blocks_offset) << "hint 1024: the tile kernel";
+  }
   p.max_seqlen = 1024;
   EXPECT_EQ(prefill_workspace_size(p), plan.chunk_blocks_offset) << "1024 tokens: still the tile kernel";
   p.max_seqlen = 1025;
@@ -374,6 +386,7 @@ TEST(PlanMirror, PackedWithEmptySequences) {
   EXPECT_EQ(r.seq_len, (std::vector<int32_t>{130, 0, 70}));
   EXPECT_EQ(r.chunk_offsets, (std::vector<int32_t>{0, 3, 3, 5}));
   EXPECT_EQ(r.chunk_seq, (std::vector<int32_t>{0, 0, 0, 2, 2, -1, -1}));
+  EXPECT_EQ(r.longest, (std::vector<int32_t>{130}));
 }
 
 TEST(PlanMirror, BadOffsetsAreClampedAndMadeNonDecreasing) {
@@ -383,6 +396,7 @@ TEST(PlanMirror, BadOffsetsAreClampedAndMadeNonDecreasing) {
   EXPECT_EQ(r.seq_len, (std::vector<int32_t>{3, 0, 7, 0}));
   EXPECT_EQ(r.chunk_offsets, (std::vector<int32_t>{0, 1, 1, 2, 2}));
   EXPECT_EQ(r.chunk_seq, (std::vector<int32_t>{0, 2, -1, -1, -1}));
+  EXPECT_EQ(r.longest, (std::vector<int32_t>{7}));
 }
 
 TEST(PlanMirror, FixedBatch) {
@@ -392,6 +406,7 @@ TEST(PlanMirror, FixedBatch) {
   EXPECT_EQ(r.seq_len, (std::vector<int32_t>{130, 130}));
   EXPECT_EQ(r.chunk_offsets, (std::vector<int32_t>{0, 3, 6}));
   EXPECT_EQ(r.chunk_seq, (std::vector<int32_t>{0, 0, 0, 1, 1, 1}));
+  EXPECT_EQ(r.longest, (std::vector<int32_t>{130}));
 }
 
 TEST(PlanMirror, MismatchNamesTheFirstDifferentEntry) {
@@ -408,6 +423,10 @@ TEST(PlanMirror, MismatchNamesTheFirstDifferentEntry) {
   got.chunk_seq[5] = 1;
   expect_status(detail::check_prefill_plan(p, cu, 64, got), StatusCode::kInvalidArgument,
                 "chunk_seq[5] = 1, expected -1");
+  got = detail::expected_prefill_plan(p, cu, 64, 7);
+  got.longest[0] = 200;
+  expect_status(detail::check_prefill_plan(p, cu, 64, got), StatusCode::kInvalidArgument,
+                "longest[0] = 200, expected 130");
 }
 
 }  // namespace

@@ -210,19 +210,21 @@ bool use_fused(const PrefillParams& p) {
 //     at most 512 by the caller's hint), whatever their size;
 //   - with at least one (sequence, head) pair per SM: batches whose every sequence is known to be
 //     at most kTile16MaxLength tokens (a fixed batch, or a packed one with the max_seqlen hint),
-//     and packed batches without the hint that average at most kTile16MaxAverageLength.
-// KDAKIT_TILE16_MAX_AVERAGE=L sets both bounds to L (benchmarks); KDAKIT_PREFILL_PATH=tile16
-// forces it on any batch, KDAKIT_PREFILL_PATH=fused keeps the fused kernel.
+//     and, decided on the device, packed batches without the hint averaging over 64 and at most
+//     kTile16MaxLength tokens whose every sequence is at most kTile16MaxLength (route_on_device).
+// KDAKIT_TILE16_MAX_AVERAGE=L makes the host take it for batches averaging at most L tokens (and
+// the longest at most L where the hint gives it), without routing (benchmarks);
+// KDAKIT_PREFILL_PATH=tile16 forces it on any batch, KDAKIT_PREFILL_PATH=fused keeps the fused
+// kernel.
 // Measured on the H200 (2026-12-02, session 15, the kernel of 8 warps per (sequence, head), H = 96,
 // T = 8192, fp32 states; tile16 against the other paths in the same call): 16 x 512 2.59 ms
 // against the fused kernel's 7.98, 32 x 256 1.88 against 4.03, 64 x 128 1.56 against 2.14,
 // 256 x 32 1.36 against the two-kernel path's 1.58, 512 x 16 1.32 against 1.49, 1024 x 8 1.30
 // against 1.42 (H64 0.88 against 0.97, H32 0.44 against 0.50). A long sequence in a batch of short
 // ones runs tile after tile in one CTA (~6.5 us a tile): 4096 + 8 x 512 took 1.73 ms there against
-// 1.45 on the two-kernel path, hence the lower bound on the average where the lengths are unknown.
+// 1.45 on the two-kernel path, hence the device-side choice where the lengths are unknown.
 // With fewer pairs than SMs the tile kernel's serial chain is not spread over the card (the
 // two-kernel path's preparation is token-parallel).
-constexpr int64_t kTile16MaxAverageLength = 512;
 constexpr int64_t kTile16MaxLength = 1024;
 int64_t tile16_bound_override() {
   static const int64_t v = [] {
@@ -237,17 +239,52 @@ int64_t tile16_bound_override() {
 }
 bool tile16_by_default(const PrefillParams& p) {
   const int64_t forced_bound = tile16_bound_override();
-  const int64_t average = forced_bound >= 0 ? forced_bound : kTile16MaxAverageLength;
   const int64_t longest = forced_bound >= 0 ? forced_bound : kTile16MaxLength;
   if (forced_bound < 0 && short_sequences(p)) return true;
   if (p.num_seqs * p.num_v_heads < current_num_sms()) return false;
   const bool lengths_known = p.cu_seqlens == nullptr || p.max_seqlen > 0;
-  return lengths_known ? lengths_within(p, longest, longest) : lengths_within(p, average, longest);
+  // unknown lengths: routed on the device (route_on_device) unless the bound is forced
+  return (lengths_known || forced_bound >= 0) && lengths_within(p, longest, longest);
 }
 bool use_tile16(const PrefillParams& p) {
   const PrefillPath f = forced_path();
   return (f == PrefillPath::kTile16 || (f == PrefillPath::kAuto && tile16_by_default(p))) &&
          prefill::fused_unsupported(p).empty();
+}
+
+// NOTE: a packed batch without the hint that averages over 64 (the fused kernel's domain, which
+// the tile kernel takes whatever the lengths) and at most kTile16MaxLength tokens may or may not
+// have a member past kTile16MaxLength, and only the device knows (cu_seqlens). Such a call, with
+// at least one (sequence, head) pair per SM, is routed: it is sized and planned for the two-kernel
+// path, and launches the tile kernel and then the two-kernel path's kernels; the plan kernel's
+// `longest` decides on the device which of them does the work (workspace.h, Route), so no host
+// sync is needed and the call stays graph-capturable. The other side's CTAs exit after one load.
+// Measured on the H200 (session 19; H = 96, T = 8192, one process): 1024 x 8 routed 1.324 ms
+// against 1.306 forced onto the tile kernel and 1.427 on the two-kernel path (H64 0.892 / 0.876 /
+// 0.965, H32 0.455 / 0.445 / 0.501, H32 softplus 0.491 / 0.484 / 0.585): the exiting side costs
+// ~18 us at H = 96 (the preparation's 13,056 CTAs 15 us, the recurrence's 3 us), where a
+// long member no longer runs tile after tile in one CTA (before this, an unhinted batch averaging
+// at most 512 took the tile kernel whatever its longest member: 4096 + 8 x 512 at 1.73 ms, a
+// 32K-token member ~13 ms).
+bool route_on_device(const PrefillParams& p) {
+  if (forced_path() != PrefillPath::kAuto || tile16_bound_override() >= 0) return false;
+  if (p.cu_seqlens == nullptr || p.max_seqlen > 0) return false;
+  if (p.num_seqs * p.num_v_heads < current_num_sms()) return false;
+  return !lengths_within(p, kFusedMaxAverageLength, kTile16MaxLength) &&
+         lengths_within(p, kTile16MaxLength, kTile16MaxLength) && prefill::fused_unsupported(p).empty();
+}
+
+Status launch_tile16(const PrefillParams& p, const prefill::WorkspacePlan& plan, cudaStream_t stream) {
+  switch (p.gate) {
+    case GateMode::kPrecomputed:
+      return prefill::launch_prefill_tile16<GateMode::kPrecomputed>(p, plan, p.workspace, stream);
+    case GateMode::kSoftplus:
+      return prefill::launch_prefill_tile16<GateMode::kSoftplus>(p, plan, p.workspace, stream);
+    case GateMode::kLowerBound:
+      return prefill::launch_prefill_tile16<GateMode::kLowerBound>(p, plan, p.workspace, stream);
+  }
+  return Status(StatusCode::kInvalidArgument, "prefill: gate must be precomputed, softplus or lower_bound, got " +
+                                                  std::to_string(int(p.gate)));
 }
 
 }  // namespace
@@ -317,16 +354,7 @@ Status run_prefill(const PrefillParams& p, cudaStream_t stream) {
     if (tile16) {
       if (print)
         std::fprintf(stderr, "kdakit prefill: N=%lld HV=%d tile16 path\n", (long long)p.num_seqs, p.num_v_heads);
-      switch (p.gate) {
-        case GateMode::kPrecomputed:
-          return prefill::launch_prefill_tile16<GateMode::kPrecomputed>(p, plan, p.workspace, stream);
-        case GateMode::kSoftplus:
-          return prefill::launch_prefill_tile16<GateMode::kSoftplus>(p, plan, p.workspace, stream);
-        case GateMode::kLowerBound:
-          return prefill::launch_prefill_tile16<GateMode::kLowerBound>(p, plan, p.workspace, stream);
-      }
-      return Status(StatusCode::kInvalidArgument, "prefill: gate must be precomputed, softplus or lower_bound, got " +
-                                                      std::to_string(int(p.gate)));
+      return launch_tile16(p, plan, stream);
     }
     const int consumers = fused_consumers_override() != 0 ? fused_consumers_override()
                                                           : prefill::fused_consumers(p.num_seqs, p.num_v_heads,
@@ -363,19 +391,33 @@ Status run_prefill(const PrefillParams& p, cudaStream_t stream) {
   }
 
   const prefill::SegmentChoice seg = segment_choice(p);
-  const prefill::WorkspacePlan plan = plan_for(p, seg.segment_chunks);
+  prefill::WorkspacePlan plan = plan_for(p, seg.segment_chunks);
+  const bool routed = route_on_device(p);
+  if (routed) plan.route_bound = int32_t(kTile16MaxLength);
+  const std::string unsupported_by_tiles = prefill::fused_unsupported(p);
+  const std::string why_chunked =
+      forced == PrefillPath::kChunked ? std::string(": KDAKIT_PREFILL_PATH=chunked")
+      : routed                        ? std::string(" unless no sequence is past ") + std::to_string(kTile16MaxLength) +
+                                 " tokens, which only the device knows"
+      : !unsupported_by_tiles.empty() ? ", the fused kernel does not take " + unsupported_by_tiles
+                                      : std::string(", by its lengths");
   if (p.workspace == nullptr || p.workspace_bytes < plan.total_bytes)
     return Status(StatusCode::kInvalidArgument,
                   "workspace: expected at least " + std::to_string(plan.total_bytes) + " bytes, got " +
-                      std::to_string(p.workspace_bytes) + " (this call takes the two-kernel path" +
-                      (forced == PrefillPath::kChunked ? std::string(": KDAKIT_PREFILL_PATH=chunked")
-                                                       : ", the fused kernel does not take " +
-                                                             prefill::fused_unsupported(p)) +
+                      std::to_string(p.workspace_bytes) + " (this call takes the two-kernel path" + why_chunked +
                       "; size the workspace with prefill_workspace_size of this call's tensors)");
 
   // NOTE: with plan_ready the plan region already holds this batch's plan (kdakit::prefill_plan).
   Status st = p.plan_ready ? Status::Ok() : prefill::launch_prefill_plan(p, plan, p.workspace, stream);
   if (!st.ok()) return st;
+  if (routed) {
+    if (print)
+      std::fprintf(stderr, "kdakit prefill: N=%lld HV=%d routed on the device: tile16 if no sequence is past %lld "
+                   "tokens, else the two-kernel path below\n", (long long)p.num_seqs, p.num_v_heads,
+                   (long long)kTile16MaxLength);
+    st = launch_tile16(p, plan, stream);
+    if (!st.ok()) return st;
+  }
   st = prefill::launch_prefill_prep(p, plan, p.workspace, stream);
   if (!st.ok()) return st;
 

@@ -51,6 +51,7 @@ static_assert(kChunkBlockBytes % 128 == 0, "chunk blocks must stay 128-byte alig
 //   int32 chunk_seq[max_chunks]       sequence of each global chunk (-1 past the total)
 //   int64 seq_start[N]                first token (row offset within batch row / packed row)
 //   int32 seq_len[N]                  tokens of each sequence (0 for an empty one)
+//   int32 longest                     the largest seq_len (0 for N = 0), for a routed call (Route)
 // followed, 128-byte aligned, by the chunk blocks and, when the call splits its sequences into
 // segments (segment_chunks > 0), by the segment area.
 // max_chunks bounds the total for any cu_seqlens of this T and N without reading it:
@@ -85,6 +86,18 @@ inline constexpr size_t kSegmentBytes = SegmentLayout::kBytes;
 // chunks; host and device).
 constexpr int64_t segment_slot(int64_t c0, int64_t s, int64_t ls) { return (c0 + s * ls + ls - 1) / ls; }
 
+// A routed call: a packed batch whose path only its lengths decide (no max_seqlen hint, an
+// average between the tile kernel's bound for unknown lengths and its bound for known ones;
+// dispatch.cu, route_on_device) launches both the tile kernel and the two-kernel path, and the
+// plan's `longest` picks one on the device: the tile kernel does the work iff longest <= bound,
+// the plan-reading kernels of the two-kernel path (prep, summaries, combine, recurrence) iff not;
+// the other side's CTAs exit before reading anything else. longest == nullptr (every other call):
+// every kernel runs.
+struct Route {
+  const int32_t* longest;
+  int32_t bound;
+};
+
 struct WorkspacePlan {
   int64_t num_seqs;
   int64_t max_chunks;
@@ -93,12 +106,14 @@ struct WorkspacePlan {
   size_t chunk_seq_offset;
   size_t seq_start_offset;
   size_t seq_len_offset;
+  size_t longest_offset;
   size_t chunk_blocks_offset;
   int32_t segment_chunks;     // Ls; 0 = whole sequences (no segment area)
   int32_t max_segments;       // segments of the longest possible sequence (1 without segments)
   int64_t num_segment_slots;  // max_chunks / Ls + 1
   size_t segments_offset;
   size_t total_bytes;
+  int32_t route_bound;  // >= 0: a routed call (Route), set by the dispatcher; -1 otherwise
 };
 
 inline constexpr size_t align_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
@@ -118,7 +133,9 @@ inline WorkspacePlan make_workspace_plan(int64_t batch, int64_t seqlen, int64_t 
   w.seq_start_offset = off;
   off = align_up(off + sizeof(int64_t) * size_t(num_seqs), 16);
   w.seq_len_offset = off;
-  off = align_up(off + sizeof(int32_t) * size_t(num_seqs), 128);
+  off = align_up(off + sizeof(int32_t) * size_t(num_seqs), 16);
+  w.longest_offset = off;
+  off = align_up(off + sizeof(int32_t), 128);
   w.chunk_blocks_offset = off;
   off += size_t(w.max_chunks) * size_t(num_v_heads) * kChunkBlockBytes;
   // a sequence has at most ceil(T / 64) chunks in either form
@@ -128,7 +145,22 @@ inline WorkspacePlan make_workspace_plan(int64_t batch, int64_t seqlen, int64_t 
   w.num_segment_slots = w.segment_chunks > 0 ? w.max_chunks / w.segment_chunks + 1 : 0;
   w.segments_offset = off;
   w.total_bytes = off + size_t(w.num_segment_slots) * size_t(num_v_heads) * kSegmentBytes;
+  w.route_bound = -1;
   return w;
 }
+
+// The kernels' view of a plan's route (longest == nullptr unless the call is routed).
+inline Route route_of(const WorkspacePlan& w, const void* workspace) {
+  if (w.route_bound < 0) return Route{nullptr, 0};
+  return Route{reinterpret_cast<const int32_t*>(static_cast<const uint8_t*>(workspace) + w.longest_offset),
+               w.route_bound};
+}
+
+#if defined(__CUDACC__)
+// Whether this CTA's side of a routed call does the work (uniform over the grid: one load of a
+// value the plan kernel wrote in an earlier launch).
+__device__ __forceinline__ bool tile_side_runs(const Route& r) { return r.longest == nullptr || *r.longest <= r.bound; }
+__device__ __forceinline__ bool chunk_side_runs(const Route& r) { return r.longest == nullptr || *r.longest > r.bound; }
+#endif
 
 }  // namespace kdakit::sm90::prefill

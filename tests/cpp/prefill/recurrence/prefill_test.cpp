@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <string>
 #include <utility>
 #include <vector>
@@ -295,6 +296,78 @@ TEST(PrefillTile16Gpu, SteepGateChannelsAgainstFloat64) {
     EXPECT_TRUE(rel_l2_below("chunk states", t.chunk_states, ref.chunk_states, 2e-3));
     EXPECT_TRUE(bitwise_equal("o (second run)", again.o, t.o));
     EXPECT_TRUE(bitwise_equal("final state (second run)", final_state_of(c, again), final_state_of(c, t)));
+    if (HasFatalFailure()) return;
+  }
+}
+
+// Routed calls (dispatch.cu, route_on_device): a packed batch without the max_seqlen hint that
+// averages over 64 and at most 1024 tokens, with at least one (sequence, head) pair per SM,
+// launches the tile kernel and the two-kernel path, and the plan's longest length picks one on the
+// device. (Only the automatic choice routes: with KDAKIT_PREFILL_PATH or KDAKIT_TILE16_MAX_AVERAGE
+// set, the test skips.)
+// Each case runs three ways on the same inputs: by default (routed), forced onto the tile kernel
+// and forced onto the two-kernel path. The routed results must equal, bit for bit, those of the
+// path the lengths pick (no member past 1024 tokens: the tile kernel; one past it: the two-kernel
+// path) and differ from the other's (both sides writing would leave the two-kernel path's results,
+// or a state updated twice in place), and pass the float64 bars. In-place state pool with a tail,
+// an empty sequence and chunk states, so that a second writer would show in every output.
+TEST(PrefillRoutedGpu, DeviceChoiceEqualsTheForcedPathBitForBit) {
+  if (!have_sm90()) GTEST_SKIP() << "no sm_90 GPU";
+  for (const char* env : {"KDAKIT_PREFILL_PATH", "KDAKIT_TILE16_MAX_AVERAGE"})
+    if (std::getenv(env) != nullptr) GTEST_SKIP() << env << " is set: the path is forced, nothing is routed";
+  int sms = 0;
+  ASSERT_EQ(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0), cudaSuccess);
+  struct Routed {
+    const char* name;
+    std::vector<int64_t> seq_lens;
+    bool tile_side;
+  };
+  // averages ~568 tokens (the first two) and ~250 (the third: before routing, such a batch ran its
+  // long member tile after tile on the tile kernel)
+  for (const Routed& r : {Routed{"routed_tile_side", {1000, 0, 700}, true},
+                          Routed{"routed_two_kernel_side", {1400, 0, 300}, false},
+                          Routed{"routed_two_kernel_side_short_average", {1100, 0, 90, 130, 70, 110}, false}}) {
+    const int64_t n = int64_t(r.seq_lens.size());
+    const int32_t hv = int32_t(2 * ((sms + 2 * n - 1) / (2 * n)));  // N x HV >= SMs, GVA 2
+    PrefillCase c{.name = r.name,
+                  .seq_lens = r.seq_lens,
+                  .tail = 5,
+                  .H = hv / 2,
+                  .HV = hv,
+                  .K = 128,
+                  .V = 128,
+                  .initial = StateSource::kPool,
+                  .final_state = StateSource::kPool,
+                  .extra_slots = 2,
+                  .in_place = true,
+                  .chunk_state_interval = 128};
+    Rng rng = make_rng();
+    SCOPED_TRACE(c.name + ", " + rng.trace());
+    PrefillTensors routed = make_prefill_tensors(c, rng);
+    PrefillTensors tile = routed, two_kernel = routed, ref = routed;
+    ASSERT_TRUE(run_prefill_on_gpu(c, routed).ok());
+    sm90::set_prefill_path(sm90::PrefillPath::kTile16);
+    const Status st_tile = run_prefill_on_gpu(c, tile);
+    sm90::set_prefill_path(sm90::PrefillPath::kChunked);
+    const Status st_two = run_prefill_on_gpu(c, two_kernel);
+    sm90::set_prefill_path(sm90::PrefillPath::kAuto);
+    ASSERT_TRUE(st_tile.ok()) << st_tile.message();
+    ASSERT_TRUE(st_two.ok()) << st_two.message();
+    const PrefillTensors& picked = r.tile_side ? tile : two_kernel;
+    const PrefillTensors& other = r.tile_side ? two_kernel : tile;
+    EXPECT_TRUE(bitwise_equal("o (routed vs the picked path)", routed.o, picked.o));
+    EXPECT_TRUE(bitwise_equal("final state (routed vs the picked path)", final_state_of(c, routed),
+                              final_state_of(c, picked)));
+    EXPECT_TRUE(bitwise_equal("chunk states (routed vs the picked path)", routed.chunk_states, picked.chunk_states));
+    EXPECT_GT(relative_l2(routed.o, other.o).rel_l2, 0.0) << "the routed output is the other path's";
+    ASSERT_TRUE(run_reference_fp32_output(c, ref).ok());
+    std::printf("[%s] HV %d: rel. L2 o %.3e, final state %.3e (routed to the %s)\n", c.name.c_str(), hv,
+                relative_l2(routed.o, ref.o).rel_l2,
+                relative_l2(final_state_of(c, routed), final_state_of(c, ref)).rel_l2,
+                r.tile_side ? "tile kernel" : "two-kernel path");
+    EXPECT_TRUE(rel_l2_below("o", routed.o, ref.o, 4e-3));
+    EXPECT_TRUE(rel_l2_below("final state", final_state_of(c, routed), final_state_of(c, ref), 2e-3));
+    EXPECT_TRUE(rel_l2_below("chunk states", routed.chunk_states, ref.chunk_states, 2e-3));
     if (HasFatalFailure()) return;
   }
 }

@@ -36,6 +36,9 @@ struct StateParams {
   bool state_bf16;
   bool k_first;
   bool state_pairs;  // two neighbouring key channels of a V-first state are one aligned access
+  // Not a state field: which side of a routed call (workspace.h, Route) the kernel is on; set
+  // by the launchers from the plan (state_params leaves it off: every kernel runs).
+  Route route;
 };
 
 inline StateParams state_params(const PrefillParams& p) {

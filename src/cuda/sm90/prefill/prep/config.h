@@ -212,6 +212,7 @@ struct PrepParams {
   bool allow_neg_eigval;
   float scale;
   float lower_bound;
+  Route route;  // a routed call: the CTAs exit unless the plan's longest sequence is past the bound
 };
 
 }  // namespace kdakit::sm90::prefill::prep

@@ -242,6 +242,7 @@ __global__ void __launch_bounds__(kThreads, 2) kda_prefill_prep_sm90_kernel(cons
   using Plan = SharedMemoryPlan;
   using Layout = ChunkBlockLayout;
   extern __shared__ __align__(128) unsigned char smem[];
+  if (!chunk_side_runs(p.route)) return;  // a routed call the tile kernel takes
 
   // NOTE: value heads vary fastest, so the CTAs in flight read the rows of all heads of the
   // same tokens (contiguous in q/k/v/g) and write consecutive blocks. The grid covers the

@@ -7,6 +7,7 @@
 //   seq_start[n]    = pos[n],  seq_len[n] = pos[n + 1] - pos[n]
 //   chunk_offsets   = exclusive sum of ceil(seq_len / 64), [N] = total <= ceil(T / 64) + N
 //   chunk_seq[c]    = the n with chunk_offsets[n] <= c < chunk_offsets[n + 1]; -1 past the total
+//   longest         = max_n seq_len[n] (0 for N = 0): the device-side path choice of a routed call
 //
 #pragma once
 
@@ -33,6 +34,7 @@ struct PlanParams {
   int32_t* chunk_seq;
   int64_t* seq_start;
   int32_t* seq_len;
+  int32_t* longest;
 };
 
 struct MaxOp {
@@ -44,6 +46,7 @@ __global__ void __launch_bounds__(kPlanThreads) kda_prefill_plan_sm90_kernel(con
   __shared__ typename Scan::TempStorage scan_storage;
   __shared__ long long carry_pos;
   __shared__ long long carry_chunks;
+  __shared__ int longest;
   const int tid = threadIdx.x;
   const int64_t N = p.num_seqs, T = p.seqlen;
 
@@ -59,6 +62,7 @@ __global__ void __launch_bounds__(kPlanThreads) kda_prefill_plan_sm90_kernel(con
     for (int64_t c = tid; c < p.max_chunks; c += kPlanThreads) {
       p.chunk_seq[c] = (per_row > 0 && c < N * per_row) ? int32_t(c / per_row) : -1;
     }
+    if (tid == 0) *p.longest = N > 0 ? int32_t(T) : 0;
     return;
   }
 
@@ -85,7 +89,7 @@ __global__ void __launch_bounds__(kPlanThreads) kda_prefill_plan_sm90_kernel(con
   const long long end_all = carry_pos;
 
   // Pass 2: lengths, chunk counts and their exclusive sum.
-  if (tid == 0) carry_chunks = 0;
+  if (tid == 0) carry_chunks = 0, longest = 0;
   __syncthreads();
   for (int64_t base = 0; base < N; base += kPlanThreads) {
     const int64_t n = base + tid;
@@ -94,6 +98,7 @@ __global__ void __launch_bounds__(kPlanThreads) kda_prefill_plan_sm90_kernel(con
       const long long start = p.seq_start[n];
       const long long end = n + 1 < N ? p.seq_start[n + 1] : end_all;
       p.seq_len[n] = int32_t(end - start);
+      atomicMax(&longest, int(end - start));
       chunks = (end - start + kChunk - 1) / kChunk;
     }
     long long offset, tile_total;
@@ -105,7 +110,7 @@ __global__ void __launch_bounds__(kPlanThreads) kda_prefill_plan_sm90_kernel(con
     __syncthreads();
   }
   const long long total = carry_chunks;
-  if (tid == 0) p.chunk_offsets[N] = int32_t(total);
+  if (tid == 0) p.chunk_offsets[N] = int32_t(total), *p.longest = longest;
   __syncthreads();
 
   // Pass 3: chunk -> sequence. The largest n with chunk_offsets[n] <= c skips empty sequences.

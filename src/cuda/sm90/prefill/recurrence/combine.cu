@@ -100,6 +100,7 @@ __global__ void __launch_bounds__(kThreads, 1) kda_prefill_combine_sm90_kernel(c
   const int HV = p.num_v_heads;
   const int h = int(blockIdx.x % unsigned(HV));
   const int n = int(blockIdx.x / unsigned(HV));
+  if (!chunk_side_runs(p.route)) return;  // a routed call the tile kernel takes
   const Chain chain = chain_of(p, n);
   if (chain.nseg < 2) return;
   const int full_segments = chain.nseg - 1;
@@ -194,6 +195,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int pair = int(blockIdx.x / unsigned(kRowBlocks));
   const int h = pair % HV;
   const int n = pair / HV;
+  if (!chunk_side_runs(p.route)) return;  // the whole cluster returns: one value for the grid
   const Chain chain = chain_of(p, n);
   if (chain.nseg < 2) return;  // the whole cluster returns: same (n, h)
   const int full_segments = chain.nseg - 1;
@@ -315,6 +317,7 @@ Status launch_prefill_combine(const PrefillParams& p, const WorkspacePlan& plan,
   uint8_t* ws = static_cast<uint8_t*>(workspace);
   CombineParams cp{};
   static_cast<common::StateParams&>(cp) = common::state_params(p);
+  cp.route = route_of(plan, workspace);
   cp.chunk_offsets = reinterpret_cast<const int32_t*>(ws + plan.chunk_offsets_offset);
   cp.max_chunks = plan.max_chunks;
   cp.num_v_heads = p.num_v_heads;

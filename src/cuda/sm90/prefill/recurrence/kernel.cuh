@@ -291,6 +291,7 @@ __global__ void __launch_bounds__(Config<kValueRows>::kThreads) __maxnreg__(Conf
   uint8_t* smem = smem_raw + ((1024u - (ptx::smem_addr(smem_raw) & 1023u)) & 1023u);
   uint64_t* full = reinterpret_cast<uint64_t*>(smem + Smem::kBarrierOffset);
   uint64_t* empty = full + kStages;
+  if (!chunk_side_runs(p.route)) return;  // a routed call the tile kernel takes
 
   // NOTE: the slices of one (sequence, head) are neighbours in launch order, so they run at the
   // same time and the second one reads the shared Qt/W/Kh/M of each chunk from L2.
@@ -609,6 +610,7 @@ Status launch(const PrefillParams& p, const WorkspacePlan& plan, const void* wor
   kp.o_pairs = reinterpret_cast<uintptr_t>(p.o) % 4 == 0 && p.stride_o_t % 2 == 0 && p.stride_o_h % 2 == 0 &&
                (packed || p.stride_o_b % 2 == 0);
   static_cast<common::StateParams&>(kp) = common::state_params(p);
+  kp.route = route_of(plan, workspace);
   kp.segments = const_cast<uint8_t*>(ws) + plan.segments_offset;
   kp.num_segment_slots = plan.num_segment_slots;
   kp.segment_chunks = plan.segment_chunks;

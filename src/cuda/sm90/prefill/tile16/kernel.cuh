@@ -243,6 +243,7 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm)
   const int tid = int(threadIdx.x);
   const int warp = tid >> 5, lane = tid & 31;
   const int g = lane >> 2, t = lane & 3;  // mma group and thread in group
+  if (!tile_side_runs(p.route)) return;  // a routed call the two-kernel path takes
 
   Work& wk = *reinterpret_cast<Work*>(smem + Smem::kWorkOffset);
   if (warp == 0) {
@@ -647,6 +648,7 @@ Status launch_prefill_tile16(const PrefillParams& p, const WorkspacePlan& plan,
 
   KernelParams kp{};
   static_cast<common::StateParams&>(kp) = common::state_params(p);
+  kp.route = route_of(plan, workspace);
   common::fill_token_params(kp, p, plan, workspace);
   kp.q = static_cast<const __nv_bfloat16*>(p.q);
   kp.k = static_cast<const __nv_bfloat16*>(p.k);
