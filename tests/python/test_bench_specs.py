@@ -80,3 +80,27 @@ def test_prefill_bench_host_lengths_passes_host_offsets_of_packed_cases():
             assert hinted["cu_seqlens_cpu"].tolist() == list(case.cu_seqlens)
         else:
             assert "cu_seqlens_cpu" not in hinted
+
+
+def test_prefill_bench_flags_a_peer_disagreement():
+    """The prefill benchmark's check of kdakit's output against a peer's: a few 1e-3 apart (what
+    two correct kernels differ by) passes; 1e17 times too large (session 19's tile16 bug, 1e34
+    relative L2 against FLA), or NaN where the peer has a number, is named (and the run then exits
+    with status 1)."""
+    import numpy as np
+
+    from kdakit.bench import prefill
+
+    rng = np.random.default_rng()
+    ref = rng.standard_normal((1, 300, 4, 128))
+    close = ref * (1 + 5e-3 * rng.standard_normal(ref.shape))
+    rel, why = prefill.peer_agreement(close, ref)
+    assert why is None and 1e-3 < rel < prefill.PEER_AGREEMENT
+    wrong = close.copy()
+    wrong[0, 17, 2, :8] = 1e17
+    rel, why = prefill.peer_agreement(wrong, ref)
+    assert why is not None and rel > 1e10 and "rel_l2" in why
+    holes = close.copy()
+    holes[0, 5, 1, 3] = np.nan
+    rel, why = prefill.peer_agreement(holes, ref)
+    assert why is not None and "NaN/inf positions differ" in why
