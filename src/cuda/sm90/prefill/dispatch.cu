@@ -6,6 +6,8 @@
 //             recurrence in one CTA, no workspace round trip); when forced or tile16 is off
 //   chunked   plan -> prep (per-chunk blocks, token parallel) -> recurrence (chunk-serial)
 //   token-serial  decode's kernel, for batches of very short sequences the others do not take
+// and, for packed batches whose longest sequence only the device knows, tile16 and chunked both
+// launched, the plan's longest length making one of them exit (route_on_device)
 // The one place where runtime values turn into template arguments of the prefill kernels
 // (gate, consumer warpgroups, value rows per CTA). KDAKIT_PRINT_CONFIGS=1 prints the choice;
 // KDAKIT_PREFILL_PATH=tile16|fused|chunked|token_serial forces a path and KDAKIT_FUSED_CONSUMERS=1|2
