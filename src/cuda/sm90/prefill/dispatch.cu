@@ -264,10 +264,11 @@ bool use_tile16(const PrefillParams& p) {
 // Measured on the H200 (session 19; H = 96, T = 8192, one process): 1024 x 8 routed 1.324 ms
 // against 1.306 forced onto the tile kernel and 1.427 on the two-kernel path (H64 0.892 / 0.876 /
 // 0.965, H32 0.455 / 0.445 / 0.501, H32 softplus 0.491 / 0.484 / 0.585): the exiting side costs
-// ~18 us at H = 96 (the preparation's 13,056 CTAs 15 us, the recurrence's 3 us), where a
-// long member no longer runs tile after tile in one CTA (before this, an unhinted batch averaging
-// at most 512 took the tile kernel whatever its longest member: 4096 + 8 x 512 at 1.73 ms, a
-// 32K-token member ~13 ms).
+// ~18 us at H = 96 (the preparation's 13,056 CTAs 15 us, the recurrence's 3 us): 512 x 16 and
+// 256 x 32 (averaging 512 and 256, which the host used to send to the tile kernel unrouted) are
+// 1.6% and 2.0% slower than that, and in exchange a long member no longer runs tile after tile in
+// one CTA (before this, an unhinted batch averaging at most 512 took the tile kernel whatever its
+// longest member: 4096 + 8 x 512 at 1.73 ms, a 32K-token member ~13 ms).
 bool route_on_device(const PrefillParams& p) {
   if (forced_path() != PrefillPath::kAuto || tile16_bound_override() >= 0) return false;
   if (p.cu_seqlens == nullptr || p.max_seqlen > 0) return false;
