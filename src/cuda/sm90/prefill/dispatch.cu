@@ -397,18 +397,20 @@ Status run_prefill(const PrefillParams& p, cudaStream_t stream) {
   prefill::WorkspacePlan plan = plan_for(p, seg.segment_chunks);
   const bool routed = route_on_device(p);
   if (routed) plan.route_bound = int32_t(kTile16MaxLength);
-  const std::string unsupported_by_tiles = prefill::fused_unsupported(p);
-  const std::string why_chunked =
-      forced == PrefillPath::kChunked ? std::string(": KDAKIT_PREFILL_PATH=chunked")
-      : routed                        ? std::string(" unless no sequence is past ") + std::to_string(kTile16MaxLength) +
-                                 " tokens, which only the device knows"
-      : !unsupported_by_tiles.empty() ? ", the fused kernel does not take " + unsupported_by_tiles
-                                      : std::string(", by its lengths");
-  if (p.workspace == nullptr || p.workspace_bytes < plan.total_bytes)
+  if (p.workspace == nullptr || p.workspace_bytes < plan.total_bytes) {
+    // the message only on the error path: nothing is built or allocated on a call that runs
+    const std::string unsupported_by_tiles = prefill::fused_unsupported(p);
+    const std::string why =
+        forced == PrefillPath::kChunked ? std::string(": KDAKIT_PREFILL_PATH=chunked")
+        : routed
+            ? " unless no sequence is past " + std::to_string(kTile16MaxLength) + " tokens, which only the device knows"
+        : !unsupported_by_tiles.empty() ? ", the fused kernel does not take " + unsupported_by_tiles
+                                        : std::string(", by its lengths");
     return Status(StatusCode::kInvalidArgument,
                   "workspace: expected at least " + std::to_string(plan.total_bytes) + " bytes, got " +
-                      std::to_string(p.workspace_bytes) + " (this call takes the two-kernel path" + why_chunked +
+                      std::to_string(p.workspace_bytes) + " (this call takes the two-kernel path" + why +
                       "; size the workspace with prefill_workspace_size of this call's tensors)");
+  }
 
   // NOTE: with plan_ready the plan region already holds this batch's plan (kdakit::prefill_plan).
   Status st = p.plan_ready ? Status::Ok() : prefill::launch_prefill_plan(p, plan, p.workspace, stream);
