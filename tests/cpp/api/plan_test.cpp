@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <cstdlib>
 #include <algorithm>
 #include <functional>
 #include <random>
@@ -224,6 +225,33 @@ TEST(PlanWorkspaceSize, ForcedTile16TakesAnySupportedBatchAndNamesWhatItDoesNot)
   p.q = p.k = p.v = nullptr;
   sm90::set_prefill_path(sm90::PrefillPath::kAuto);
   EXPECT_EQ(prefill_workspace_size(p), plan.total_bytes) << "by default: the two-kernel path";
+  sm90::set_prefill_segments(-1);
+}
+
+// A routed call (packed, no hint, averaging over 64 and at most 1024 tokens) is sized for the
+// two-kernel path; with a smaller workspace it fails before anything is launched (no GPU needed),
+// naming why it needs the chunk blocks. With the hint the tile kernel takes it and the plan region
+// is enough.
+TEST(PlanWorkspaceSize, RoutedCallWithASmallWorkspaceSaysWhyItNeedsTheBlocks) {
+  for (const char* env : {"KDAKIT_PREFILL_PATH", "KDAKIT_TILE16_MAX_AVERAGE"})
+    if (std::getenv(env) != nullptr) GTEST_SKIP() << env << " is set: the path is forced, nothing is routed";
+  namespace pf = sm90::prefill;
+  std::vector<int64_t> cu(65, 0);
+  PrefillParams p = batch_fields(8192, 64, 8, cu.data());  // 128 tokens on average, 512 pairs
+  p.num_qk_heads = 8;
+  p.head_dim_k = p.head_dim_v = 128;
+  alignas(16) static uint8_t buffer[64];
+  p.q = p.k = p.v = buffer;
+  sm90::set_prefill_path(sm90::PrefillPath::kAuto);
+  sm90::set_prefill_segments(0);
+  const pf::WorkspacePlan plan = pf::make_workspace_plan(1, 8192, 64, true, 8);
+  ASSERT_EQ(prefill_workspace_size(p), plan.total_bytes);
+  p.workspace = buffer;
+  p.workspace_bytes = plan.chunk_blocks_offset;  // the plan region: what the tile kernel needs
+  expect_status(sm90::run_prefill(p, nullptr), StatusCode::kInvalidArgument,
+                "two-kernel path unless no sequence is past 1024 tokens, which only the device knows");
+  p.max_seqlen = 1024;
+  EXPECT_EQ(prefill_workspace_size(p), plan.chunk_blocks_offset) << "hinted: the tile kernel alone";
   sm90::set_prefill_segments(-1);
 }
 
