@@ -528,6 +528,53 @@ TEST_F(PrefillPrep, WideSpanPairsPlacedByHand) {
   check_tensors(c, t);
 }
 
+// Wide spans made of one steep 8-row half or two moderate ones, per (sub-block, channel) at
+// random: a wide channel whose first half spans at most the bound keeps that half's columns in
+// the product (against the half's midpoint) and sums the second-half quadrant per element; one
+// steep within its first half sums the whole diagonal tile per element (kernel.cuh, phase 3).
+// Patterns (base-2 spans of the two halves): mild; first half steep (300-400, the whole tile per
+// element); second half steep (mild first half); both 95-120 (wide at both bounds, front list);
+// first half just under or over the bound (+-12) with a mild second half. Both bounds (with and
+// without the L2 norm), a partial last chunk. Against float64.
+TEST_F(PrefillPrep, WideSpansFromEightRowHalves) {
+  for (const bool l2norm : {true, false}) {
+    SCOPED_TRACE(l2norm ? "q/k L2 norm in kernel" : "no L2 norm");
+    Rng rng = make_rng();
+    PrefillCase c = precomputed_gate_case(l2norm ? "half_spans_l2norm" : "half_spans_raw", 180);
+    c.l2norm = l2norm;
+    c.HV = 3;
+    c.H = 3;
+    SCOPED_TRACE(rng.trace());
+    PrefillTensors t = make_prefill_tensors(c, rng);
+    const double bound = l2norm ? 216.0 : 192.0;
+    const double per_token = 1.0 / (8.0 * 1.4426950408889634);  // nats per token of a base-2 half span of 1
+    const int64_t blocks = (c.seqlen + 15) / 16;
+    std::vector<double> span(size_t(blocks) * size_t(c.HV) * kD * 2);  // [block][h][channel][half]
+    for (size_t b = 0; b < span.size() / 2; ++b) {
+      const double u = rng.uniform(0.0, 1.0);
+      double s0 = rng.uniform(0.0, 4.0), s1 = rng.uniform(0.0, 4.0);
+      if (u < 0.1) s0 = rng.uniform(300.0, 400.0);
+      else if (u < 0.2) s1 = rng.uniform(300.0, 400.0);
+      else if (u < 0.3) s0 = rng.uniform(95.0, 120.0), s1 = rng.uniform(95.0, 120.0);
+      else if (u < 0.35) s0 = bound - rng.uniform(1.0, 12.0);
+      else if (u < 0.4) s0 = bound + rng.uniform(1.0, 12.0);
+      span[2 * b] = s0;
+      span[2 * b + 1] = s1;
+    }
+    for (int64_t tt = 0; tt < c.seqlen; ++tt) {
+      const size_t blk = size_t(tt / 16), half = size_t((tt % 16) / 8);
+      for (int h = 0; h < c.HV; ++h) {
+        for (int i = 0; i < kD; ++i) {
+          const double s = span[2 * ((blk * size_t(c.HV) + size_t(h)) * kD + size_t(i)) + half];
+          t.g.set_at({0, tt, h, i}, -s * per_token * rng.uniform(0.9, 1.1));
+        }
+      }
+    }
+    check_tensors(c, t);
+    if (HasFatalFailure()) return;
+  }
+}
+
 // Softplus with steep heads (exp(A_log) up to 40): the realistic route to wide spans.
 TEST_F(PrefillPrep, SteepSoftplusHeads) {
   Rng rng = make_rng();

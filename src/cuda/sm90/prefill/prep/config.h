@@ -143,11 +143,18 @@ struct SharedMemoryPlan {
   // conflict-free (a quarter-warp is one sub-block); predicated scalar reads (the R == 0 case)
   // were 3-way conflicts across sub-blocks.
   static constexpr size_t kBoundOffset = kRowScaleOffset + 3 * kChunk * 4;
-  static constexpr size_t kMaskOffset = kBoundOffset + (kSubBlocks + 1) * kHeadDim * 4;  // uint32 [4][4]
-  // Wide-span channels per sub-block as a list (uint8 [4][128], ascending) and counts (int [4]).
-  static constexpr size_t kWideListOffset = kMaskOffset + kSubBlocks * (kHeadDim / 32) * 4;
+  // Wide-span channels as bit masks uint32 [2][4][4]: [0] wide in the sub-block, [1] wide
+  // within its first 8-row half too (a subset).
+  static constexpr size_t kMaskOffset = kBoundOffset + (kSubBlocks + 1) * kHeadDim * 4;
+  // Wide-span channels per sub-block as lists (uint8 [4][128]): the ones whose first 8-row half
+  // spans at most max_diag_span ascending from the front, the others ascending from the back
+  // (kernel.cuh, phase 3), and their counts (int [2][4]: front lists, then back lists).
+  static constexpr size_t kWideListOffset = kMaskOffset + 2 * kSubBlocks * (kHeadDim / 32) * 4;
   static constexpr size_t kWideCountOffset = kWideListOffset + kSubBlocks * kHeadDim;
-  static constexpr size_t kBytes = kWideCountOffset + kSubBlocks * 4;
+  // fp32 [4][128]: b2 at row 7 of each sub-block (the end of its first 8-row half), which the
+  // classification replaces by the sub-block's row reference m_R (kernel.cuh).
+  static constexpr size_t kHalfBoundOffset = kWideCountOffset + 2 * kSubBlocks * 4;
+  static constexpr size_t kBytes = kHalfBoundOffset + kSubBlocks * kHeadDim * 4;
   // Overlays. The norm partial sums [2][8 warps][64] fp32 live in kB before kB is written.
   static constexpr size_t kNormOffset = kKbOffset;
   // Phase 3 (after the L/M products): L, T fp32 [64][kLdF], then the T diag(beta) hi/lo tiles,
@@ -161,6 +168,7 @@ struct SharedMemoryPlan {
   static constexpr size_t kTbHiOffset = kTOffset + kF32Tile;
   static constexpr size_t kTbLoOffset = kTbHiOffset + size_t(kChunk) * kChunk * 2;
 };
+static_assert(SharedMemoryPlan::kHalfBoundOffset % 16 == 0, "the half bounds are read as float4");
 static_assert(SharedMemoryPlan::kNormOffset + 2 * kWarps * kChunk * 4 <= SharedMemoryPlan::kRowScaleOffset,
               "norm partials must fit in the kB space");
 static_assert(SharedMemoryPlan::kTbLoOffset + kChunk * kChunk * 2 <= SharedMemoryPlan::kRowScaleOffset,

@@ -13,12 +13,18 @@
 //     (E exp2(c_{R-1}) = exp2(b2_r) <= 1 is formed as that one exponential)
 //   L[r, s] = A^L_r . B^(R)_s,  M[r, s] = A^M_r . B^(R)_s  (s < 16 (R + 1), then masked)
 //     A^x_r   = x_r exp2(b2_r - m_R),   B^(R)_s = kn_s exp2(m_R - b2_s)
-//     m_R     = (c_{R-1} + c_R) / 2 per channel (c_{R-1} where span = c_{R-1} - c_R > 192):
-//               for s in an earlier sub-block both factors are <= 1; in the diagonal tile they
-//               are <= 2^96 and each is one exp2 of its summed exponent (never E times a
-//               factor > 1, which would lose values whose E underflows); channels past the
-//               span bound are left out of the diagonal tile's product and summed per element
-//               with exp2(b2_r - b2_s) <= 1.
+//     m_R     = (c_{R-1} + c_R) / 2 per channel while span = c_{R-1} - c_R <= max_diag_span
+//               (config.h): for s in an earlier sub-block both factors are <= 1; in the
+//               diagonal tile they are <= 2^(span / 2) and each is one exp2 of its summed
+//               exponent (never E times a factor > 1, which would lose values whose E
+//               underflows). A wider channel takes the midpoint of its first 8-row half,
+//               (c_{R-1} + h_R) / 2 with h_R = b2 at row 16 R + 7, when that half spans at most
+//               the bound: the diagonal tile's columns of the second half are left out of the
+//               product and their terms (second-half rows) summed per element with
+//               exp2(b2_r - b2_s) <= 1; second-half rows against first-half columns stay in the
+//               product (A <= 1; an A that flushes below 2^-126 loses a term below 2^-18 of
+//               |x_r kn_s|). A channel steep within the first half too takes m_R = c_{R-1} and
+//               leaves the whole diagonal tile to the per-element path.
 //   T = (I + diag(beta) L)^-1,  W = T diag(beta) Kt,  U0 = T diag(beta) V.
 //
 // Warp roles and phases (one CTA, 8 warps, __syncthreads between phases):
@@ -56,7 +62,8 @@
 // loops (the inverse's squaring steps, phase 2's k-steps by 2, phase 5's halves, the wide-span
 // loop by 2) took it to 6,520 and their prep 7% faster, the lower-bound rows unchanged (session
 // 14). The ctest prefill_prep_code_size (tests/cpp/prefill/prep) fails past 6,600 for the
-// lower-bound, bf16-g instantiation (6,336 now); the softplus ones run ~190 instructions larger.
+// lower-bound, bf16-g instantiation (6,112 now, session 20); the softplus ones run ~190 instructions
+// larger.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -279,7 +286,9 @@ __global__ void __launch_bounds__(kThreads, 2) kda_prefill_prep_sm90_kernel(cons
   float* beta_s = row_k + kChunk;                                         // beta_r (0 past C')
   uint32_t* mask = reinterpret_cast<uint32_t*>(smem + Plan::kMaskOffset);  // wide-span channels
   uint8_t* wide_list = smem + Plan::kWideListOffset;                       // their indices [4][128]
-  int* wide_count = reinterpret_cast<int*>(smem + Plan::kWideCountOffset);  // and counts [4]
+  int* wide_count = reinterpret_cast<int*>(smem + Plan::kWideCountOffset);  // and counts [2][4]
+  // [4][128]: b2 at row 16 R + 7, then (after the classification) the row reference m_R
+  float* half_bound = reinterpret_cast<float*>(smem + Plan::kHalfBoundOffset);
   const float max_span = max_diag_span(p.use_qk_l2norm);
   float* bound = reinterpret_cast<float*>(smem + Plan::kBoundOffset);     // [5][128]: 0, c_0 .. c_3
   float* norm_q = reinterpret_cast<float*>(smem + Plan::kNormOffset);     // [8 warps][64]
@@ -289,6 +298,7 @@ __global__ void __launch_bounds__(kThreads, 2) kda_prefill_prep_sm90_kernel(cons
                             int64_t(hk) * p.stride_q_h;
   const __nv_bfloat16* kg = static_cast<const __nv_bfloat16*>(p.k) + brow * p.stride_k_b + tok0 * p.stride_k_t +
                             int64_t(hk) * p.stride_k_h;
+
   const __nv_bfloat16* vg = static_cast<const __nv_bfloat16*>(p.v) + brow * p.stride_v_b + tok0 * p.stride_v_t +
                             int64_t(h) * p.stride_v_h;
 
@@ -405,6 +415,11 @@ __global__ void __launch_bounds__(kThreads, 2) kda_prefill_prep_sm90_kernel(cons
     *reinterpret_cast<float4*>(dst) = make_float4(b2[3][0], b2[3][1], b2[3][2], b2[3][3]);
     *reinterpret_cast<float4*>(dst + 4) = make_float4(b2[3][4], b2[3][5], b2[3][6], b2[3][7]);
   }
+  if ((rq & 3) == 1) {  // row 16 R + 7, the end of the sub-block's first 8-row half
+    float* dst = half_bound + R * kHeadDim + c0;
+    *reinterpret_cast<float4*>(dst) = make_float4(b2[3][0], b2[3][1], b2[3][2], b2[3][3]);
+    *reinterpret_cast<float4*>(dst + 4) = make_float4(b2[3][4], b2[3][5], b2[3][6], b2[3][7]);
+  }
   if (tid < kHeadDim / 4) {  // row 0: c_{-1} = 0
     reinterpret_cast<float4*>(bound)[tid] = make_float4(0.f, 0.f, 0.f, 0.f);
   }
@@ -449,19 +464,36 @@ __global__ void __launch_bounds__(kThreads, 2) kda_prefill_prep_sm90_kernel(cons
     row_k[tid] = p.use_qk_l2norm ? kdakit::cuda::l2norm_scale(sk) : 1.f;
   } else if (warp >= kWarps - kSubBlocks) {
     // Wide-span channels of sub-block Rb = warp - 4: masks (one 32-bit word per 32 channels)
-    // and the ascending list of their indices, from one ballot per word.
+    // and two ascending lists of their indices, from two ballots per word: the front list
+    // holds the channels whose first 8-row half spans at most max_span (their diagonal tile's
+    // first half goes through the product, phase 1c), the back list (stored from index 127 down)
+    // the others. And each channel's row reference m_R (the header's), over its half bound.
     const int Rb = warp - (kWarps - kSubBlocks);
-    int count = 0;
-#pragma unroll
+    int count = 0, count_back = 0;
+    const uint32_t below = (1u << lane) - 1u;
+#pragma unroll 1
     for (int wd = 0; wd < kHeadDim / 32; ++wd) {
       const int i = wd * 32 + lane;
-      const bool wide = bound[Rb * kHeadDim + i] - bound[(Rb + 1) * kHeadDim + i] > max_span;
-      const uint32_t bits = __ballot_sync(0xffffffffu, wide);
-      if (wide) wide_list[Rb * kHeadDim + count + __popc(bits & ((1u << lane) - 1u))] = uint8_t(i);
+      const float cp = bound[Rb * kHeadDim + i];
+      const float span = cp - bound[(Rb + 1) * kHeadDim + i], span0 = cp - half_bound[Rb * kHeadDim + i];
+      const bool wide = span > max_span;
+      const bool back = wide && span0 > max_span;
+      half_bound[Rb * kHeadDim + i] = !wide ? cp - 0.5f * span : (!back ? cp - 0.5f * span0 : cp);
+      const uint32_t bits = __ballot_sync(0xffffffffu, wide && !back);
+      const uint32_t bits_back = __ballot_sync(0xffffffffu, back);
+      if (wide && !back) wide_list[Rb * kHeadDim + count + __popc(bits & below)] = uint8_t(i);
+      if (back) wide_list[Rb * kHeadDim + kHeadDim - 1 - count_back - __popc(bits_back & below)] = uint8_t(i);
       count += __popc(bits);
-      if (lane == 0) mask[Rb * 4 + wd] = bits;
+      count_back += __popc(bits_back);
+      if (lane == 0) {
+        mask[Rb * 4 + wd] = bits | bits_back;
+        mask[kSubBlocks * 4 + Rb * 4 + wd] = bits_back;
+      }
     }
-    if (lane == 0) wide_count[Rb] = count;
+    if (lane == 0) {
+      wide_count[Rb] = count;
+      wide_count[kSubBlocks + Rb] = count_back;
+    }
   }
   __syncthreads();
 
@@ -469,8 +501,13 @@ __global__ void __launch_bounds__(kThreads, 2) kda_prefill_prep_sm90_kernel(cons
   {
     // Per-sub-block constants are re-read from shared memory where needed: keeping them in
     // registers would spill.
-    const float* c_prev = bound + R * kHeadDim + c0;  // c_{R-1} (zeros for R = 0)
     const float* c_cur = bound + (R + 1) * kHeadDim + c0;
+    const float* m_row = half_bound + R * kHeadDim + c0;  // m_R
+    // The diagonal tile's column operands of this thread's rows leave out (-inf: zero) the
+    // channels wide in the sub-block (rows of the second half) or within the first half (rows
+    // of the first half); their terms are summed per element in phase 3.
+    const uint32_t left_out = (mask[((r0 & (kSubBlock - 1)) < kSubBlock / 2 ? kSubBlocks * 4 : 0) + R * 4 + (c0 >> 5)] >>
+                               (c0 & 31)) & 0xffu;
     // Kh (block) and B^(R') for R' >= R (shared), before the A operands overwrite k in place.
     // NOTE: factors that may exceed 1 (the diagonal tile's) are one exp2 of the summed
     // exponent: a product E * 2^(span/2) would lose values whose E alone underflows.
@@ -482,9 +519,7 @@ __global__ void __launch_bounds__(kThreads, 2) kda_prefill_prep_sm90_kernel(cons
 #pragma unroll
       for (int e = 0; e < 8; ++e) {
         kh_fac[e] = fast_exp2(bound[kSubBlocks * kHeadDim + c0 + e] - c_cur[e]);
-        const float cp = c_prev[e];
-        const float span = cp - c_cur[e];
-        m_cur[e] = span <= max_span ? cp - 0.5f * span : -INFINITY;  // -inf: left to the per-element path
+        m_cur[e] = (left_out >> e) & 1u ? -INFINITY : m_row[e];
       }
 #pragma unroll
       for (int j = 0; j < kRowsPerThread; ++j) {
@@ -498,8 +533,8 @@ __global__ void __launch_bounds__(kThreads, 2) kda_prefill_prep_sm90_kernel(cons
           kn[e] *= sk;
           kfr[j][e] = kn[e] * fast_exp2(c_cur[e] - b2[j][e]);
           kh[e] = kfr[j][e] * kh_fac[e];
-          kd[e] = kn[e] * fast_exp2(m_cur[e] - b2[j][e]);  // exp2(m_R - b2) <= 2^96, or 0
-          if (m_cur[e] == -INFINITY) {
+          kd[e] = kn[e] * fast_exp2(m_cur[e] - b2[j][e]);  // exp2(m_R - b2) <= 2^(max_span / 2), or 0
+          if ((left_out >> e) & 1u) {  // the rows phase 3 reads: see there
             wide_b2[(c0 + e) * kChunk + r] = b2[j][e];
             wide_k[(c0 + e) * kChunk + r] = __bfloat16_as_ushort(__float2bfloat16_rn(k_raw));
           }
@@ -519,10 +554,7 @@ __global__ void __launch_bounds__(kThreads, 2) kda_prefill_prep_sm90_kernel(cons
           float b_fac[8];
 #pragma unroll
           for (int e = 0; e < 8; ++e) {
-            const float cp = bound[Rb * kHeadDim + c0 + e];
-            const float span = cp - bound[(Rb + 1) * kHeadDim + c0 + e];
-            const float m = span <= max_span ? cp - 0.5f * span : cp;
-            b_fac[e] = fast_exp2(m - c_cur[e]);  // m_{R'} <= c_{R'-1} <= c_R: at most 1
+            b_fac[e] = fast_exp2(half_bound[Rb * kHeadDim + c0 + e] - c_cur[e]);  // m_{R'} <= c_{R'-1} <= c_R: at most 1
           }
 #pragma unroll
           for (int j = 0; j < kRowsPerThread; ++j) {
@@ -537,13 +569,12 @@ __global__ void __launch_bounds__(kThreads, 2) kda_prefill_prep_sm90_kernel(cons
     // Qt (block), Kt (shared) from exp2(b2) <= 1 (one exponential: it flushes to zero where
     // the product exp2(b2 - c_{R-1}) exp2(c_{R-1}) would, below 2^-126); A^M, A^L (shared, in
     // place over q and k) from exp2(b2 - m_R) <= 2^96.
+    // The row reference m_R: the sub-block's midpoint, or for a wide channel the first half's
+    // midpoint (its rows' factors are then <= 2^(span0 / 2), the second half's <= 1) or c_{R-1}
+    // when that half too spans more than max_span; the column operands above match.
     float m_cur[8];
 #pragma unroll
-    for (int e = 0; e < 8; ++e) {
-      const float cp = c_prev[e];
-      const float span = cp - c_cur[e];
-      m_cur[e] = span <= max_span ? cp - 0.5f * span : cp;
-    }
+    for (int e = 0; e < 8; ++e) m_cur[e] = m_row[e];
 #pragma unroll
     for (int j = 0; j < kRowsPerThread; ++j) {
       const int r = r0 + j;
@@ -613,39 +644,49 @@ __global__ void __launch_bounds__(kThreads, 2) kda_prefill_prep_sm90_kernel(cons
   float* Tf = reinterpret_cast<float*>(smem + Plan::kTOffset);  // M lives in the T space until it is stored
   lm_store(acc0, acc1, warp, Lf, Tf, g, t);
   __syncthreads();
-  // Per-element diagonal-tile terms of wide-span channels: thread (rl, sl) owns entry (rl, sl)
-  // of every diagonal tile, and adds the terms of its flagged channels in channel order.
+  // Per-element diagonal-tile terms of wide-span channels. Thread (Rb, i, j) = (tid / 64,
+  // tid / 8 % 8, tid % 8) owns entry (i, j) of the three 8 x 8 quadrants of sub-block Rb's
+  // diagonal tile, second half x second half, first x first and second x first, in that order,
+  // and adds there the terms of its flagged channels in list order: every wide channel's in the
+  // first quadrant (the product left its second-half columns out), only the back list's in the
+  // other two (channels steep within the first half, whose diagonal tile the product left out).
+  // NOTE: so the front list's channels cost 36 entries each instead of the tile's 136, and the
+  // four sub-blocks' entries run side by side on the CTA's 256 threads (the benchmark's softplus
+  // inputs: 1.4% of (sub-block, channel) pairs wide, 0.002% steep within an 8-row half).
   uint32_t any_wide = 0;
 #pragma unroll
-  for (int i = 0; i < kSubBlocks * 4; ++i) any_wide |= mask[i];
+  for (int i = 0; i < kSubBlocks * 4; ++i) any_wide |= mask[i];  // the first mask: every wide channel
   if (any_wide != 0u) {
-    const int rl = tid >> 4, sl = tid & 15;
+    const int Rb = tid >> 6, qi = (tid >> 3) & 7, qj = tid & 7;
     const float* const wide_b2 = wide_b2_scratch(blk);
     const uint16_t* const wide_k = wide_k_scratch(blk);
-    for (int Rb = 0; Rb < kSubBlocks; ++Rb) {
-      const int r = kSubBlock * Rb + rl, s = kSubBlock * Rb + sl;
-      if (sl > rl || r >= len) continue;
+    const uint8_t* list = wide_list + Rb * kHeadDim;
+    const int count_front = wide_count[Rb], count_back = wide_count[kSubBlocks + Rb];
+#pragma unroll 1
+    for (int quad = 0; quad < 3; ++quad) {
+      const int r = kSubBlock * Rb + qi + (quad != 1 ? kSubBlock / 2 : 0);
+      const int s = kSubBlock * Rb + qj + (quad == 0 ? kSubBlock / 2 : 0);
+      const int count = (quad == 0 ? count_front : 0) + count_back;
+      if ((quad != 2 && qj > qi) || r >= len || count == 0) continue;
       float dl = 0.f, dm = 0.f;
-      // NOTE: a counted loop over the channel list (ascending, the order of the old bit walk),
-      // unrolled so that two channels' loads (L2: wide_b2 and wide_k this CTA wrote, raw q)
-      // are in flight at once; a walk over the mask bits issued one channel at a time, which
-      // cost the softplus gate's inputs ~30% of the whole prefill (docs/benchmarks.md). By 2, not
-      // 4 or 8: each step up in the unroll measured slower (code size, the header's NOTE); so did
-      // all four sub-blocks' lists in one loop (branch prep-wide-rounds: more loads, not fewer
-      // round trips, was what the inputs' uneven counts gave).
-      // NOTE: the row-s operands come from the channel-major scratch, where a half-warp's 16
-      // rows are one 64- or 32-byte run; from a row-major b2 scratch and k they were 16 sectors
-      // per load (Nsight Compute, H32 softplus benchmark inputs: 9.0M excess L2 sectors of 35.0M).
-      // The row-r operands are one address per half-warp either way.
-      const uint8_t* list = wide_list + Rb * kHeadDim;
-      const int count = wide_count[Rb];
+      // NOTE: a counted loop over the channel lists. Each thread now runs one sub-block's
+      // lists (a quarter of the old loop's trips, which walked the four sub-blocks in turn on
+      // a 16 x 16 mapping and was unrolled by 2); unrolled by 2 here it spills (36 bytes at 128
+      // registers), so it is not. Walks over the mask bits, unrolls by 4 and 8, and all four
+      // sub-blocks in one loop of the old mapping all measured slower than the old loop
+      // (docs/design/20261129-prefill.md, sessions 13 and 14).
+      // NOTE: the row-s operands come from the channel-major scratch, where a quadrant row's 8
+      // columns are one 32- or 16-byte run; from a row-major b2 scratch and k they were a sector
+      // per element (Nsight Compute, H32 softplus benchmark inputs: 9.0M excess L2 sectors of
+      // 35.0M). The row-r operands are one address per 8 lanes.
+      const int skip = quad == 0 ? count_front : 0;  // then the back list, read from index 127 down
       const __nv_bfloat16* kr_row = kg + int64_t(r) * p.stride_k_t;
       const __nv_bfloat16* qr_row = qg + int64_t(r) * p.stride_q_t;
       const float rk = row_k[r], rks = row_k[s], rq = row_q[r];
-      const bool strict = sl < rl;
-#pragma unroll 2
+      const bool strict = s < r;
+#pragma unroll 1
       for (int j = 0; j < count; ++j) {
-        const int i = list[j];
+        const int i = j < skip ? list[j] : list[kHeadDim - 1 - (j - skip)];
         const float e = fast_exp2(__ldcg(wide_b2 + i * kChunk + r) - __ldcg(wide_b2 + i * kChunk + s));
         const float kr = __bfloat162float(kr_row[i]) * rk;
         const float ksv = __bfloat162float(__ushort_as_bfloat16(__ldcg(wide_k + i * kChunk + s))) * rks;
