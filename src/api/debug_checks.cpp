@@ -69,6 +69,8 @@ Status copy_plan_region(const PrefillParams& p, cudaStream_t stream,
       copy_to_host("the plan's seq_len", base + w.seq_len_offset, N, stream, out.seq_len));
   KDAKIT_RETURN_IF_ERROR(
       copy_to_host("the plan's longest", base + w.longest_offset, 1, stream, out.longest));
+  KDAKIT_RETURN_IF_ERROR(
+      copy_to_host("the plan's seq_order", base + w.seq_order_offset, N, stream, out.seq_order));
   return Status::Ok();
 }
 

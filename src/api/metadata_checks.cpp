@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "api/check.h"
+#include "cuda/sm90/prefill/workspace.h"
 
 namespace kdakit::detail {
 namespace {
@@ -218,6 +219,13 @@ PrefillPlanRegion expected_prefill_plan(const PrefillParams& p, const std::vecto
     total += chunks;
   }
   r.chunk_offsets[static_cast<size_t>(N)] = static_cast<int32_t>(total);
+  r.seq_order.resize(static_cast<size_t>(N));
+  for (int64_t n = 0; n < N; ++n) r.seq_order[static_cast<size_t>(n)] = static_cast<int32_t>(n);
+  if (N <= sm90::prefill::kOrderedSeqs) {
+    std::stable_sort(r.seq_order.begin(), r.seq_order.end(), [&](int32_t a, int32_t b) {
+      return r.seq_len[static_cast<size_t>(a)] > r.seq_len[static_cast<size_t>(b)];
+    });
+  }
   return r;
 }
 
@@ -249,6 +257,7 @@ Status check_prefill_plan(const PrefillParams& p, const std::vector<int64_t>& cu
       compare_plan_array("chunk_offsets", got.chunk_offsets, want.chunk_offsets));
   KDAKIT_RETURN_IF_ERROR(compare_plan_array("chunk_seq", got.chunk_seq, want.chunk_seq));
   KDAKIT_RETURN_IF_ERROR(compare_plan_array("longest", got.longest, want.longest));
+  KDAKIT_RETURN_IF_ERROR(compare_plan_array("seq_order", got.seq_order, want.seq_order));
   return Status::Ok();
 }
 

@@ -44,12 +44,15 @@ struct PrefillPlanRegion {
   std::vector<int64_t> seq_start;      // [N]
   std::vector<int32_t> seq_len;        // [N]
   std::vector<int32_t> longest;        // [1]: the largest seq_len, 0 for N = 0
+  std::vector<int32_t> seq_order;      // [N]: launch order, longest first for N <= 512
 };
 
 // What the plan kernel writes for the batch fields of p and the host offsets `cu` (empty for a
 // fixed batch), with chunks of `chunk` tokens and `max_chunks` chunk_seq entries: offsets
 // clamped into [0, T] and made non-decreasing, lengths, exclusive sum of the chunk counts, the
-// sequence of every chunk (-1 past the total), the longest length.
+// sequence of every chunk (-1 past the total), the longest length, and the recurrence's launch
+// order (the sequences by length descending, ties by index, for at most 512 sequences; the
+// identity for more).
 PrefillPlanRegion expected_prefill_plan(const PrefillParams& p, const std::vector<int64_t>& cu,
                                         int64_t chunk, int64_t max_chunks);
 

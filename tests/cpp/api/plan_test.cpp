@@ -415,6 +415,29 @@ TEST(PlanMirror, PackedWithEmptySequences) {
   EXPECT_EQ(r.chunk_offsets, (std::vector<int32_t>{0, 3, 3, 5}));
   EXPECT_EQ(r.chunk_seq, (std::vector<int32_t>{0, 0, 0, 2, 2, -1, -1}));
   EXPECT_EQ(r.longest, (std::vector<int32_t>{130}));
+  EXPECT_EQ(r.seq_order, (std::vector<int32_t>{0, 2, 1}));
+}
+
+TEST(PlanMirror, LaunchOrderIsLongestFirstWithTiesByIndex) {
+  // lengths 100, 30, 170, 0, 64, 30, 170
+  const auto r = plan_of(564, {0, 100, 130, 300, 300, 364, 394, 564}, 16);
+  EXPECT_EQ(r.seq_len, (std::vector<int32_t>{100, 30, 170, 0, 64, 30, 170}));
+  EXPECT_EQ(r.seq_order, (std::vector<int32_t>{2, 6, 0, 4, 1, 5, 3}));
+}
+
+TEST(PlanMirror, LaunchOrderPastFiveHundredTwelveSequencesIsTheIndexOrder) {
+  // 513 sequences, the last one the longest: ranking stops at 512 (the plan kernel's one tile)
+  std::vector<int64_t> cu(514);
+  for (size_t i = 0; i < cu.size(); ++i) cu[i] = int64_t(i);
+  cu.back() = 600;
+  const auto r = plan_of(600, cu, 523);
+  ASSERT_EQ(r.seq_order.size(), 513u);
+  for (size_t i = 0; i < r.seq_order.size(); ++i) EXPECT_EQ(r.seq_order[i], int32_t(i));
+  cu.pop_back();
+  cu.back() = 600;  // 512 sequences: ranked, the last (89 tokens) first
+  const auto s = plan_of(600, cu, 522);
+  EXPECT_EQ(s.seq_order.front(), 511);
+  EXPECT_EQ(s.seq_order[1], 0);
 }
 
 TEST(PlanMirror, BadOffsetsAreClampedAndMadeNonDecreasing) {
@@ -435,6 +458,7 @@ TEST(PlanMirror, FixedBatch) {
   EXPECT_EQ(r.chunk_offsets, (std::vector<int32_t>{0, 3, 6}));
   EXPECT_EQ(r.chunk_seq, (std::vector<int32_t>{0, 0, 0, 1, 1, 1}));
   EXPECT_EQ(r.longest, (std::vector<int32_t>{130}));
+  EXPECT_EQ(r.seq_order, (std::vector<int32_t>{0, 1}));
 }
 
 TEST(PlanMirror, MismatchNamesTheFirstDifferentEntry) {
@@ -455,6 +479,10 @@ TEST(PlanMirror, MismatchNamesTheFirstDifferentEntry) {
   got.longest[0] = 200;
   expect_status(detail::check_prefill_plan(p, cu, 64, got), StatusCode::kInvalidArgument,
                 "longest[0] = 200, expected 130");
+  got = detail::expected_prefill_plan(p, cu, 64, 7);
+  std::swap(got.seq_order[1], got.seq_order[2]);
+  expect_status(detail::check_prefill_plan(p, cu, 64, got), StatusCode::kInvalidArgument,
+                "seq_order[1] = 1, expected 2");
 }
 
 }  // namespace

@@ -237,6 +237,7 @@ TEST_P(PlanKernel, MatchesHostMirror) {
   got.seq_start.resize(size_t(p.num_seqs));
   got.seq_len.resize(size_t(p.num_seqs));
   got.longest.resize(1);
+  got.seq_order.resize(size_t(p.num_seqs));
   auto fetch = [&](auto& v, size_t offset) {
     if (v.empty()) return;  // e.g. chunk_seq of a batch without tokens
     ASSERT_EQ(cudaMemcpyAsync(v.data(), base + offset, v.size() * sizeof(v[0]),
@@ -248,6 +249,7 @@ TEST_P(PlanKernel, MatchesHostMirror) {
   fetch(got.seq_start, w.seq_start_offset);
   fetch(got.seq_len, w.seq_len_offset);
   fetch(got.longest, w.longest_offset);
+  fetch(got.seq_order, w.seq_order_offset);
   ASSERT_EQ(cudaStreamSynchronize(stream.s), cudaSuccess);
   const Status match = kdakit::detail::check_prefill_plan(p, c.cu, sm90::prefill::kChunk, got);
   EXPECT_TRUE(match.ok()) << match.message();

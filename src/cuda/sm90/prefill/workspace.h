@@ -28,6 +28,13 @@ namespace kdakit::sm90::prefill {
 
 inline constexpr int kChunk = 64;     // tokens per chunk
 inline constexpr int kHeadDim = 128;  // K = V = 128 is the built shape
+// Batches of at most this many sequences get their recurrence CTAs launched longest sequence
+// first (the plan's seq_order; plan_kernel.cuh ranks the lengths in one CTA of 512 threads).
+// NOTE: the recurrence's grid has the sequence slowest, so in index order a long last member
+// starts after the others' CTAs have taken the SMs and runs alone at the end: H96 mixed
+// [1300, 547, 2048, 963, 271, 3063] at 128 value rows is 12,576 chunk-steps (~0.40 ms over 132
+// SMs at ~4.2 us a step) plus the 3063-token member's 48 steps (~0.2 ms) started last.
+inline constexpr int64_t kOrderedSeqs = 512;
 
 // One block per (chunk c, value head h), at
 //   chunk_blocks + (size_t(c) * HV + h) * kChunkBlockBytes
@@ -52,6 +59,9 @@ static_assert(kChunkBlockBytes % 128 == 0, "chunk blocks must stay 128-byte alig
 //   int64 seq_start[N]                first token (row offset within batch row / packed row)
 //   int32 seq_len[N]                  tokens of each sequence (0 for an empty one)
 //   int32 longest                     the largest seq_len (0 for N = 0), for a routed call (Route)
+//   int32 seq_order[N]                the sequences in the recurrence's launch order: by length,
+//                                     longest first (ties by index), when N <= kOrderedSeqs;
+//                                     the identity for more sequences
 // followed, 128-byte aligned, by the chunk blocks and, when the call splits its sequences into
 // segments (segment_chunks > 0), by the segment area.
 // max_chunks bounds the total for any cu_seqlens of this T and N without reading it:
@@ -107,6 +117,7 @@ struct WorkspacePlan {
   size_t seq_start_offset;
   size_t seq_len_offset;
   size_t longest_offset;
+  size_t seq_order_offset;
   size_t chunk_blocks_offset;
   int32_t segment_chunks;     // Ls; 0 = whole sequences (no segment area)
   int32_t max_segments;       // segments of the longest possible sequence (1 without segments)
@@ -135,7 +146,9 @@ inline WorkspacePlan make_workspace_plan(int64_t batch, int64_t seqlen, int64_t 
   w.seq_len_offset = off;
   off = align_up(off + sizeof(int32_t) * size_t(num_seqs), 16);
   w.longest_offset = off;
-  off = align_up(off + sizeof(int32_t), 128);
+  off = align_up(off + sizeof(int32_t), 16);
+  w.seq_order_offset = off;
+  off = align_up(off + sizeof(int32_t) * size_t(num_seqs), 128);
   w.chunk_blocks_offset = off;
   off += size_t(w.max_chunks) * size_t(num_v_heads) * kChunkBlockBytes;
   // a sequence has at most ceil(T / 64) chunks in either form

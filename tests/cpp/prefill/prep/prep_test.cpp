@@ -64,7 +64,7 @@ struct DeviceCase {
 // Float64 reference of the plan region and the chunk blocks
 // ------------------------------------------------------------------------------------------
 struct RefPlan {
-  std::vector<int32_t> chunk_offsets, chunk_seq, seq_len;
+  std::vector<int32_t> chunk_offsets, chunk_seq, seq_len, seq_order;
   std::vector<int64_t> seq_start;
   int64_t total = 0;
 };
@@ -96,6 +96,12 @@ RefPlan reference_plan(const PrefillParams& p, const pf::WorkspacePlan& w) {
   r.chunk_seq.assign(size_t(w.max_chunks), -1);
   for (int64_t n = 0; n < N; ++n) {
     for (int32_t c = r.chunk_offsets[size_t(n)]; c < r.chunk_offsets[size_t(n + 1)]; ++c) r.chunk_seq[size_t(c)] = int32_t(n);
+  }
+  // launch order: longest first, ties by index, for at most 512 sequences
+  for (int64_t n = 0; n < N; ++n) r.seq_order.push_back(int32_t(n));
+  if (N <= 512) {
+    std::stable_sort(r.seq_order.begin(), r.seq_order.end(),
+                     [&](int32_t a, int32_t b) { return r.seq_len[size_t(a)] > r.seq_len[size_t(b)]; });
   }
   return r;
 }
@@ -276,6 +282,9 @@ void check_tensors_once(const PrefillCase& c, PrefillTensors& t, bool check_twic
     std::memcpy(&len, ws + run.w.seq_len_offset + 4 * n, 4);
     ASSERT_EQ(start, rp.seq_start[size_t(n)]) << "seq_start[" << n << "]";
     ASSERT_EQ(len, rp.seq_len[size_t(n)]) << "seq_len[" << n << "]";
+    int32_t order;
+    std::memcpy(&order, ws + run.w.seq_order_offset + 4 * n, 4);
+    ASSERT_EQ(order, rp.seq_order[size_t(n)]) << "seq_order[" << n << "]";
   }
   for (int64_t ch = 0; ch < run.w.max_chunks; ++ch) {
     int32_t got;

@@ -185,6 +185,10 @@ CpuWorkspace build_workspace(const Problem& pr) {
   auto* cseq = reinterpret_cast<int32_t*>(&ws.bytes[ws.plan.chunk_seq_offset]);
   auto* sstart = reinterpret_cast<int64_t*>(&ws.bytes[ws.plan.seq_start_offset]);
   auto* slen = reinterpret_cast<int32_t*>(&ws.bytes[ws.plan.seq_len_offset]);
+  auto* order = reinterpret_cast<int32_t*>(&ws.bytes[ws.plan.seq_order_offset]);
+  // the launch order: reversed, so that a kernel reading it wrongly skips or repeats a sequence
+  // (the outputs are poisoned before each run); the plan kernel writes longest first
+  for (int64_t n = 0; n < pr.N(); ++n) order[n] = int32_t(pr.N() - 1 - n);
   for (int64_t c = 0; c < ws.plan.max_chunks; ++c) cseq[c] = -1;
   for (int64_t n = 0; n <= pr.N(); ++n) offs[n] = ws.chunk_offsets[n];
   for (int64_t n = 0; n < pr.N(); ++n) {

@@ -103,12 +103,14 @@ int main(int argc, char** argv) {
     auto* offs = reinterpret_cast<int32_t*>(&host[plan.chunk_offsets_offset]);
     auto* sstart = reinterpret_cast<int64_t*>(&host[plan.seq_start_offset]);
     auto* slen = reinterpret_cast<int32_t*>(&host[plan.seq_len_offset]);
+    auto* order = reinterpret_cast<int32_t*>(&host[plan.seq_order_offset]);
     offs[0] = 0;
     int64_t start = 0;
     for (int64_t n = 0; n < N; ++n) {
       offs[n + 1] = offs[n] + (sh.lens[n] + kChunk - 1) / kChunk;
       sstart[n] = packed ? start : 0;
       slen[n] = sh.lens[n];
+      order[n] = int32_t(n);
       start += sh.lens[n];
     }
     void* ws = nullptr;

@@ -8,6 +8,8 @@
 //   chunk_offsets   = exclusive sum of ceil(seq_len / 64), [N] = total <= ceil(T / 64) + N
 //   chunk_seq[c]    = the n with chunk_offsets[n] <= c < chunk_offsets[n + 1]; -1 past the total
 //   longest         = max_n seq_len[n] (0 for N = 0): the device-side path choice of a routed call
+//   seq_order[i]    = the sequence of rank i by (seq_len descending, n ascending) for N <=
+//                     kOrderedSeqs, else i: the recurrence's launch order (workspace.h)
 //
 #pragma once
 
@@ -35,6 +37,7 @@ struct PlanParams {
   int64_t* seq_start;
   int32_t* seq_len;
   int32_t* longest;
+  int32_t* seq_order;
 };
 
 struct MaxOp {
@@ -47,6 +50,8 @@ __global__ void __launch_bounds__(kPlanThreads) kda_prefill_plan_sm90_kernel(con
   __shared__ long long carry_pos;
   __shared__ long long carry_chunks;
   __shared__ int longest;
+  __shared__ int lens[kPlanThreads];  // seq_len of a batch of at most kOrderedSeqs
+  static_assert(kPlanThreads >= kOrderedSeqs, "the ranking holds every length in one tile");
   const int tid = threadIdx.x;
   const int64_t N = p.num_seqs, T = p.seqlen;
 
@@ -63,6 +68,7 @@ __global__ void __launch_bounds__(kPlanThreads) kda_prefill_plan_sm90_kernel(con
       p.chunk_seq[c] = (per_row > 0 && c < N * per_row) ? int32_t(c / per_row) : -1;
     }
     if (tid == 0) *p.longest = N > 0 ? int32_t(T) : 0;
+    for (int64_t n = tid; n < N; n += kPlanThreads) p.seq_order[n] = int32_t(n);
     return;
   }
 
@@ -99,6 +105,7 @@ __global__ void __launch_bounds__(kPlanThreads) kda_prefill_plan_sm90_kernel(con
       const long long end = n + 1 < N ? p.seq_start[n + 1] : end_all;
       p.seq_len[n] = int32_t(end - start);
       atomicMax(&longest, int(end - start));
+      if (N <= kOrderedSeqs) lens[n] = int(end - start);
       chunks = (end - start + kChunk - 1) / kChunk;
     }
     long long offset, tile_total;
@@ -112,6 +119,21 @@ __global__ void __launch_bounds__(kPlanThreads) kda_prefill_plan_sm90_kernel(con
   const long long total = carry_chunks;
   if (tid == 0) p.chunk_offsets[N] = int32_t(total), *p.longest = longest;
   __syncthreads();
+
+  // Launch order of the recurrence: rank of (length descending, index ascending), a permutation.
+  if (N <= kOrderedSeqs) {
+    if (tid < N) {
+      const int mine = lens[tid];
+      int rank = 0;
+      for (int m = 0; m < int(N); ++m) {
+        const int other = lens[m];
+        rank += (other > mine || (other == mine && m < tid)) ? 1 : 0;
+      }
+      p.seq_order[rank] = tid;
+    }
+  } else {
+    for (int64_t n = tid; n < N; n += kPlanThreads) p.seq_order[n] = int32_t(n);
+  }
 
   // Pass 3: chunk -> sequence. The largest n with chunk_offsets[n] <= c skips empty sequences.
   for (int64_t c = tid; c < p.max_chunks; c += kPlanThreads) {

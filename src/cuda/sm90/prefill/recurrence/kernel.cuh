@@ -73,6 +73,7 @@ struct KernelParams : common::StateParams {
   const int32_t* chunk_offsets;  // [N + 1] plan region
   const int64_t* seq_start;      // [N]
   const int32_t* seq_len;        // [N]
+  const int32_t* seq_order;      // [N] launch order (longest first), or null: index order
   const uint8_t* chunk_blocks;   // [max_chunks, HV] blocks of kChunkBlockBytes
   int64_t max_chunks;
   int32_t num_v_heads;
@@ -89,6 +90,12 @@ struct KernelParams : common::StateParams {
   int32_t segment_chunks;
   int32_t max_segments;           // grid extent of the segment index
 };
+
+// The sequence of launch rank i (the grid has the sequence slowest): the plan's seq_order, so
+// that the longest sequences' CTAs start first (workspace.h, kOrderedSeqs).
+__device__ __forceinline__ int sequence_at(const KernelParams& p, int i) {
+  return p.seq_order != nullptr ? p.seq_order[i] : i;
+}
 
 __device__ __forceinline__ uint8_t* segment_at(const KernelParams& p, int64_t slot, int h) {
   return p.segments + (size_t(slot) * p.num_v_heads + h) * kSegmentBytes;
@@ -301,7 +308,7 @@ __global__ void __launch_bounds__(Config<kValueRows>::kThreads) __maxnreg__(Conf
   const int64_t rest = cta / Cfg::kSlices;
   const int seg = int(rest % p.max_segments);
   const int h = int((rest / p.max_segments) % p.num_v_heads);
-  const int n = int(rest / p.max_segments / p.num_v_heads);
+  const int n = sequence_at(p, int(rest / p.max_segments / p.num_v_heads));
   const int v0 = z * kValueRows;
   const int warp = threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
@@ -598,6 +605,8 @@ Status launch(const PrefillParams& p, const WorkspacePlan& plan, const void* wor
   kp.chunk_offsets = reinterpret_cast<const int32_t*>(ws + plan.chunk_offsets_offset);
   kp.seq_start = reinterpret_cast<const int64_t*>(ws + plan.seq_start_offset);
   kp.seq_len = reinterpret_cast<const int32_t*>(ws + plan.seq_len_offset);
+  // fixed batches: every sequence has the same length, index order
+  kp.seq_order = packed && p.num_seqs > 1 ? reinterpret_cast<const int32_t*>(ws + plan.seq_order_offset) : nullptr;
   kp.chunk_blocks = blocks;
   kp.max_chunks = plan.max_chunks;
   kp.num_v_heads = p.num_v_heads;

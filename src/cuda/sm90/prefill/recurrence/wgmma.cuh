@@ -74,7 +74,7 @@ __global__ void __launch_bounds__(kValueRows * 2, 1)
   const int64_t rest = cta / kZ;
   const int seg = int(rest % p.max_segments);
   const int h = int((rest / p.max_segments) % p.num_v_heads);
-  const int n = int(rest / p.max_segments / p.num_v_heads);
+  const int n = sequence_at(p, int(rest / p.max_segments / p.num_v_heads));
   const bool phi_run = kSummary && z >= Cfg::kSlices;
   const int v0 = (z % Cfg::kSlices) * kValueRows;
   const int warp = threadIdx.x / 32;

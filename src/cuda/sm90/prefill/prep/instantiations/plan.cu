@@ -25,6 +25,7 @@ Status launch_prefill_plan(const PrefillParams& p, const WorkspacePlan& w, void*
       .seq_start = reinterpret_cast<int64_t*>(base + w.seq_start_offset),
       .seq_len = reinterpret_cast<int32_t*>(base + w.seq_len_offset),
       .longest = reinterpret_cast<int32_t*>(base + w.longest_offset),
+      .seq_order = reinterpret_cast<int32_t*>(base + w.seq_order_offset),
   };
   prep::kda_prefill_plan_sm90_kernel<<<1, prep::kPlanThreads, 0, stream>>>(params);
   return prep::cuda_status(cudaGetLastError(), __LINE__, "kda_prefill_plan_sm90_kernel launch");
