@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# On the GPU machine: the prefill tests of one staged build and an A/B of its speed against a
+# second staged build in the same call (kdakit alone, alternating rounds), a short table last.
+# Stage both here first (scripts/gpu_stage.sh; the second from a worktree of main with
+# KDAKIT_STAGE_NAME=main) and carry .carry/gpu.tar.xz, .carry/main.tar.xz and this script.
+# Usage: scripts/gpu_ab.sh [rounds (2)] [bench cases (the rows below)]
+# Logs go to $OUT/logs.tar.gz, the table to $OUT/summary.txt.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+out="${OUT:-/tmp/kdakit-ab}"
+logs="$out/logs"
+mkdir -p "$logs"
+rounds="${1:-2}"
+cases="${2:-H96-fixed,H96-mixed,H96-4096,H64-mixed,H32-fixed,H32-1024x8}"
+for v in gpu main; do [ -d ".carry/$v" ] || tar -xJf ".carry/$v.tar.xz" -C .carry; done
+b=.carry/gpu/bin
+summary="$out/summary.txt"
+nvidia-smi --query-gpu=name,clocks.sm --format=csv,noheader | tee -a "$summary"
+result() {  # name rc log
+  echo "$1 rc=$2 $(grep -E '^\[  (PASSED|FAILED|SKIPPED) ' "$3" | tr -s ' ' | tr '\n' ' ')" | tee -a "$summary"
+  grep -E '^\[  FAILED  \].*\(' "$3" | head -5 | tee -a "$summary"
+}
+for t in prefill_prep_test prefill_gpu_test prefill_pool_gpu_test prefill_recurrence_test serving_graph_test api_plan_test; do
+  timeout 240 "$b/$t" --gtest_brief=1 >"$logs/$t.log" 2>&1
+  result "$t" $? "$logs/$t.log"
+done
+KDAKIT_PREFILL_PATH=chunked timeout 240 "$b/prefill_gpu_test" --gtest_brief=1 --gtest_filter='-*PrefillSegmentsGpu*' \
+  >"$logs/prefill_gpu_test_chunked.log" 2>&1
+result "prefill_gpu_test[chunked]" $? "$logs/prefill_gpu_test_chunked.log"
+timeout 150 compute-sanitizer --tool racecheck "$b/prefill_prep_test" >"$logs/racecheck_prep.log" 2>&1
+echo "racecheck prep rc=$? $(grep -E 'RACECHECK SUMMARY' "$logs/racecheck_prep.log")" | tee -a "$summary"
+export PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
+for r in $(seq 1 "$rounds"); do
+  for v in main gpu; do
+    timeout 100 ".carry/$v/bin/prefill_prep_timing" 10 2>&1 | grep PREP_TIMING | sed "s/^/$v r$r /" | tee -a "$summary"
+    PYTHONPATH="$PWD/.carry/$v/python" timeout 200 python3 -m kdakit.bench.prefill --peers none --cases "$cases" \
+      --repeats 10 --json "$out/bench_${v}_$r.json" >"$logs/bench_${v}_$r.log" 2>&1
+    echo "bench $v r$r rc=$?" | tee -a "$summary"
+  done
+done
+tar -C "$out" -czf "$out/logs.tar.gz" logs && rm -rf "$logs"
+echo "=== kdakit ms per round (main | this build)"
+python3 - "$out" "$rounds" <<'PY' | tee -a "$summary"
+import json, sys
+out, rounds = sys.argv[1], int(sys.argv[2])
+ms = {}
+for v in ("main", "gpu"):
+    for r in range(1, rounds + 1):
+        try:
+            rows = json.load(open(f"{out}/bench_{v}_{r}.json"))["rows"]
+        except (OSError, KeyError, ValueError):
+            continue
+        for row in rows:
+            ms.setdefault(row["case"], {}).setdefault(v, []).append(row.get("kdakit_ms"))
+for case, d in ms.items():
+    fmt = lambda xs: ", ".join("-" if x is None else f"{x:.4f}" for x in xs)
+    print(f"{case:<24} {fmt(d.get('main', []))} | {fmt(d.get('gpu', []))}")
+PY
