@@ -79,7 +79,6 @@
 #include "cuda/common/mma_sm80.cuh"
 #include "cuda/sm90/prefill/prep/config.h"
 #include "cuda/sm90/prefill/prep/launch.h"
-#include "cuda/sm90/prefill/common/pdl.h"
 #include "cuda/sm90/prefill/common/gate.cuh"
 #include "cuda/sm90/prefill/common/tc_inverse.cuh"
 
@@ -250,7 +249,6 @@ __global__ void __launch_bounds__(kThreads, 2) kda_prefill_prep_sm90_kernel(cons
   using Plan = SharedMemoryPlan;
   using Layout = ChunkBlockLayout;
   extern __shared__ __align__(128) unsigned char smem[];
-  pdl_enter();                              // common/pdl.h: before the plan and q/k/v loads
   if (!chunk_side_runs(p.route)) return;  // a routed call the tile kernel takes
 
   // NOTE: value heads vary fastest, so the CTAs in flight read the rows of all heads of the
@@ -828,8 +826,8 @@ Status launch_prep_kernel(const PrepParams& params, int64_t max_chunks, cudaStre
   if (ctas > int64_t(INT32_MAX)) {
     return Status(StatusCode::kUnsupported, "prefill prep: supports up to 2^31 - 1 (chunk, value head) pairs");
   }
-  return kdakit::cuda::launch_pdl_kernel(kernel, "kda_prefill_prep_sm90_kernel", dim3(unsigned(ctas)), kThreads, kSmem,
-                                         stream, prefill_pdl(), params);
+  kernel<<<unsigned(ctas), kThreads, kSmem, stream>>>(params);
+  return cuda_status(cudaGetLastError(), __LINE__, "kda_prefill_prep_sm90_kernel launch");
 }
 
 }  // namespace kdakit::sm90::prefill::prep

@@ -19,7 +19,6 @@
 
 #include <cstdint>
 
-#include "cuda/sm90/prefill/common/pdl.h"
 #include "cuda/sm90/prefill/prep/config.h"
 
 namespace kdakit::sm90::prefill::prep {
@@ -53,8 +52,6 @@ __global__ void __launch_bounds__(kPlanThreads) kda_prefill_plan_sm90_kernel(con
   __shared__ int longest;
   __shared__ int lens[kPlanThreads];  // seq_len of a batch of at most kOrderedSeqs
   static_assert(kPlanThreads >= kOrderedSeqs, "the ranking holds every length in one tile");
-  // the first kernel of the call, launched without PDL: the next one may launch now (pdl.h)
-  kdakit::cuda::ptx::griddep_launch_dependents();
   const int tid = threadIdx.x;
   const int64_t N = p.num_seqs, T = p.seqlen;
 

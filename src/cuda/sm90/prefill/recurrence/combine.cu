@@ -32,7 +32,6 @@
 #include <string>
 
 #include "cuda/common/device_setup.cuh"
-#include "cuda/sm90/prefill/common/pdl.h"
 #include "cuda/sm90/prefill/common/ptx.cuh"
 #include "cuda/sm90/prefill/common/state_io.cuh"
 #include "cuda/sm90/prefill/recurrence/launch.h"
@@ -101,7 +100,6 @@ __global__ void __launch_bounds__(kThreads, 1) kda_prefill_combine_sm90_kernel(c
   const int HV = p.num_v_heads;
   const int h = int(blockIdx.x % unsigned(HV));
   const int n = int(blockIdx.x / unsigned(HV));
-  pdl_enter();  // common/pdl.h: after the summary pass, before the recurrence
   if (!chunk_side_runs(p.route)) return;  // a routed call the tile kernel takes
   const Chain chain = chain_of(p, n);
   if (chain.nseg < 2) return;
@@ -197,7 +195,6 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int pair = int(blockIdx.x / unsigned(kRowBlocks));
   const int h = pair % HV;
   const int n = pair / HV;
-  pdl_enter();  // common/pdl.h: after the summary pass, before the recurrence
   if (!chunk_side_runs(p.route)) return;  // the whole cluster returns: one value for the grid
   const Chain chain = chain_of(p, n);
   if (chain.nseg < 2) return;  // the whole cluster returns: same (n, h)
@@ -333,7 +330,6 @@ Status launch_prefill_combine(const PrefillParams& p, const WorkspacePlan& plan,
     return Status(StatusCode::kUnsupported, "combine: N * HV * CTAs per head must stay below 2^31");
   }
   cudaError_t err = cudaSuccess;
-  Status launched = Status::Ok();
   if (whole) {
     static kdakit::cuda::PerDeviceOnce attr_once;  // per function and device (common/device_setup.cuh)
     err = kdakit::cuda::set_up_once_per_device(attr_once, [] {
@@ -341,9 +337,8 @@ Status launch_prefill_combine(const PrefillParams& p, const WorkspacePlan& plan,
                                   int(kAllocBytes));
     });
     if (err == cudaSuccess) {
-      launched = kdakit::cuda::launch_pdl_kernel(kda_prefill_combine_sm90_kernel, "kda_prefill_combine_sm90_kernel",
-                                                 dim3(unsigned(pairs)), kThreads, int(kAllocBytes), stream,
-                                                 prefill_pdl(), cp);
+      kda_prefill_combine_sm90_kernel<<<unsigned(pairs), kThreads, kAllocBytes, stream>>>(cp);
+      err = cudaGetLastError();
     }
   } else {
     static kdakit::cuda::PerDeviceOnce split_attr_once;
@@ -364,11 +359,9 @@ Status launch_prefill_combine(const PrefillParams& p, const WorkspacePlan& plan,
       cluster.val.clusterDim.z = 1;
       config.attrs = &cluster;
       config.numAttrs = 1;
-      launched = kdakit::cuda::launch_with_pdl(config, prefill_pdl(), "kda_prefill_combine_split_sm90_kernel",
-                                               kda_prefill_combine_split_sm90_kernel, cp);
+      err = cudaLaunchKernelEx(&config, kda_prefill_combine_split_sm90_kernel, cp);
     }
   }
-  if (!launched.ok()) return launched;
   if (err != cudaSuccess) {
     return Status(StatusCode::kCudaError, std::string(whole ? "kda_prefill_combine_sm90_kernel: "
                                                             : "kda_prefill_combine_split_sm90_kernel: ") +

@@ -56,7 +56,6 @@
 #include "cuda/common/device_setup.cuh"
 #include "cuda/sm90/prefill/recurrence/config.h"
 #include "cuda/sm90/prefill/recurrence/launch.h"
-#include "cuda/sm90/prefill/common/pdl.h"
 #include "cuda/sm90/prefill/common/ptx.cuh"
 #include "cuda/sm90/prefill/common/state_io.cuh"
 #include "cuda/sm90/prefill/common/tensor_map.h"
@@ -299,7 +298,6 @@ __global__ void __launch_bounds__(Config<kValueRows>::kThreads) __maxnreg__(Conf
   uint8_t* smem = smem_raw + ((1024u - (ptx::smem_addr(smem_raw) & 1023u)) & 1023u);
   uint64_t* full = reinterpret_cast<uint64_t*>(smem + Smem::kBarrierOffset);
   uint64_t* empty = full + kStages;
-  pdl_enter(false);  // common/pdl.h: the last kernel of the call
   if (!chunk_side_runs(p.route)) return;  // a routed call the tile kernel takes
 
   // NOTE: the slices of one (sequence, head) are neighbours in launch order, so they run at the
@@ -643,8 +641,10 @@ Status launch(const PrefillParams& p, const WorkspacePlan& plan, const void* wor
     });
     if (err != cudaSuccess) return cuda_status(err, "cudaFuncSetAttribute", __LINE__);
     const dim3 grid{unsigned(num_ctas)};
-    return kdakit::cuda::launch_pdl_kernel(kernel, "kda_prefill_recurrence_sm90_kernel", grid, Cfg::kThreads,
-                                           int(Smem::kAllocBytes), stream, prefill_pdl(), kp, tma);
+    kernel<<<grid, Cfg::kThreads, Smem::kAllocBytes, stream>>>(kp, tma);
+    err = cudaGetLastError();
+    if (err != cudaSuccess) return cuda_status(err, "kda_prefill_recurrence_sm90_kernel launch", __LINE__);
+    return Status::Ok();
   }
 }
 

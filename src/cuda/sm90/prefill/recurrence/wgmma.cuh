@@ -65,7 +65,6 @@ __global__ void __launch_bounds__(kValueRows * 2, 1)
   uint8_t* smem = smem_raw + ((1024u - (ptx::smem_addr(smem_raw) & 1023u)) & 1023u);
   uint64_t* full = reinterpret_cast<uint64_t*>(smem + Smem::kBarrierOffset);
   uint64_t* empty = full + kStages;
-  pdl_enter(kSummary);  // common/pdl.h: the combine pass follows a summary pass; the recurrence is last
   if (!chunk_side_runs(p.route)) return;  // a routed call the tile kernel takes
 
   // Grid order (fastest first): value slice z, segment, value head, sequence (as kernel.cuh).
@@ -276,8 +275,10 @@ Status launch_wgmma(const KernelParams& kp, const TmaParams& tma, int64_t num_ct
     return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(Smem::kAllocBytes));
   });
   if (err != cudaSuccess) return cuda_status(err, "cudaFuncSetAttribute(wgmma)", __LINE__);
-  return kdakit::cuda::launch_pdl_kernel(kernel, "kda_prefill_recurrence_wgmma_sm90_kernel", dim3(unsigned(num_ctas)),
-                                         kValueRows * 2, int(Smem::kAllocBytes), stream, prefill_pdl(), kp, tma);
+  kernel<<<dim3(unsigned(num_ctas)), kValueRows * 2, Smem::kAllocBytes, stream>>>(kp, tma);
+  err = cudaGetLastError();
+  if (err != cudaSuccess) return cuda_status(err, "kda_prefill_recurrence_wgmma_sm90_kernel launch", __LINE__);
+  return Status::Ok();
 }
 
 template Status launch_wgmma<64, false>(const KernelParams&, const TmaParams&, int64_t, cudaStream_t);

@@ -49,7 +49,6 @@
 #include "cuda/common/math.cuh"
 #include "cuda/common/mma_sm80.cuh"
 #include "cuda/sm90/prefill/common/gate.cuh"
-#include "cuda/sm90/prefill/common/pdl.h"
 #include "cuda/sm90/prefill/common/o_store.cuh"
 #include "cuda/sm90/prefill/common/state_io.cuh"
 #include "cuda/sm90/prefill/common/token_params.h"
@@ -244,8 +243,6 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm)
   const int tid = int(threadIdx.x);
   const int warp = tid >> 5, lane = tid & 31;
   const int g = lane >> 2, t = lane & 3;  // mma group and thread in group
-  // common/pdl.h; the next kernel of a routed call (prep) may launch, otherwise this is the last
-  pdl_enter(p.route.longest != nullptr);
   if (!tile_side_runs(p.route)) return;  // a routed call the two-kernel path takes
 
   Work& wk = *reinterpret_cast<Work*>(smem + Smem::kWorkOffset);
@@ -677,8 +674,13 @@ Status launch_prefill_tile16(const PrefillParams& p, const WorkspacePlan& plan,
   if (attr_err != cudaSuccess)
     return Status(StatusCode::kCudaError, std::string("tile16/kernel.cuh: cudaFuncSetAttribute: ") +
                                               cudaGetErrorString(attr_err));
-  return kdakit::cuda::launch_pdl_kernel(kernel, "kda_prefill_tile16_sm90_kernel", dim3(unsigned(num_ctas)), kThreads,
-                                         kSmem, stream, prefill_pdl(), kp);
+  kernel<<<unsigned(num_ctas), kThreads, kSmem, stream>>>(kp);
+  const cudaError_t err = cudaGetLastError();
+  if (err != cudaSuccess)
+    return Status(StatusCode::kCudaError,
+                  std::string("tile16/kernel.cuh: kda_prefill_tile16_sm90_kernel launch: ") +
+                      cudaGetErrorString(err));
+  return Status::Ok();
 }
 
 }  // namespace kdakit::sm90::prefill
