@@ -185,9 +185,11 @@ __device__ __forceinline__ void lm_segment_products(float (&acc)[4][4], const Lm
 // The segment from acc to its fp32 [64][kLdF] matrix (L: Lf, strictly lower; M: Mf, with its
 // diagonal). Only the tiles left of the diagonal and the diagonal tiles exist: L's blocks above
 // the diagonal are never read, M's are written as zeros later.
+// With m_block (no wide-span channel in the CTA, so M needs no per-element terms), M's tiles go
+// straight to the block as bf16 instead of through Mf.
 template <int kM, int kN>
 __device__ __forceinline__ void lm_segment_store(const float (&acc)[4][4], const LmSegment seg, float* Lf, float* Mf,
-                                                 int g, int t) {
+                                                 unsigned char* m_block, int g, int t) {
   constexpr bool kStrict = kM == 0;
   float* dst = kStrict ? Lf : Mf;
 #pragma unroll
@@ -202,7 +204,11 @@ __device__ __forceinline__ void lm_segment_store(const float (&acc)[4][4], const
         x0 = (kStrict ? s < r : s <= r) ? x0 : 0.f;
         x1 = (kStrict ? s + 1 < r : s + 1 <= r) ? x1 : 0.f;
       }
-      *reinterpret_cast<float2*>(dst + r * SharedMemoryPlan::kLdF + s) = make_float2(x0, x1);
+      if (!kStrict && m_block != nullptr) {
+        *reinterpret_cast<uint32_t*>(m_block + size_t(r) * 128 + s * 2) = kdakit::cuda::pack_bf16x2(x0, x1);
+      } else {
+        *reinterpret_cast<float2*>(dst + r * SharedMemoryPlan::kLdF + s) = make_float2(x0, x1);
+      }
     }
   }
 }
@@ -232,12 +238,12 @@ __device__ __forceinline__ void lm_products(float (&acc0)[4][4], float (&acc1)[4
 
 // Phase 3's start: the products of lm_products to Lf / Mf.
 __device__ __forceinline__ void lm_store(const float (&acc0)[4][4], const float (&acc1)[4][4], int warp, float* Lf,
-                                         float* Mf, int g, int t) {
+                                         float* Mf, unsigned char* m_block, int g, int t) {
   const LmSegment seg0 = lm_segment(warp, 0), seg1 = lm_segment(warp, 1);
   with_lm_shape(warp, [&](auto shape) {
     constexpr LmShape kSh = kLmShapes[decltype(shape)::value];
-    lm_segment_store<kSh.m0, kSh.n0>(acc0, seg0, Lf, Mf, g, t);
-    if constexpr (kSh.n1 > 0) lm_segment_store<kSh.m1, kSh.n1>(acc1, seg1, Lf, Mf, g, t);
+    lm_segment_store<kSh.m0, kSh.n0>(acc0, seg0, Lf, Mf, m_block, g, t);
+    if constexpr (kSh.n1 > 0) lm_segment_store<kSh.m1, kSh.n1>(acc1, seg1, Lf, Mf, m_block, g, t);
   });
 }
 
@@ -254,14 +260,14 @@ __global__ void __launch_bounds__(kThreads, 2) kda_prefill_prep_sm90_kernel(cons
   // NOTE: value heads vary fastest, so the CTAs in flight read the rows of all heads of the
   // same tokens (contiguous in q/k/v/g) and write consecutive blocks. The grid covers the
   // bound max_chunks x HV; the plan's total decides which CTAs have work.
-  const int h = int(blockIdx.x % unsigned(p.num_v_heads));
-  const int chunk = int(blockIdx.x / unsigned(p.num_v_heads));
+  const int chunk = int(kdakit::cuda::fast_div(blockIdx.x, p.div_v_heads));
+  const int h = int(blockIdx.x) - chunk * p.num_v_heads;
   int n, chunk_in_seq, seq_len;
   int64_t seq_start;
   if (!p.packed) {
     // NOTE: a fixed batch's plan is arithmetic (plan_kernel.cuh writes exactly these values), so
     // no dependent plan load precedes the data loads; the grid is B x ceil(T / 64) x HV.
-    n = chunk / p.chunks_per_row;
+    n = int(kdakit::cuda::fast_div(uint32_t(chunk), p.div_chunks_per_row));
     chunk_in_seq = chunk - n * p.chunks_per_row;
     seq_len = p.seqlen;
     seq_start = 0;
@@ -277,7 +283,7 @@ __global__ void __launch_bounds__(kThreads, 2) kda_prefill_prep_sm90_kernel(cons
   const int len = min(kChunk, seq_len - chunk_in_seq * kChunk);
   const int64_t tok0 = seq_start + int64_t(chunk_in_seq) * kChunk;
   const int64_t brow = p.packed ? 0 : n;
-  const int hk = h / p.v_heads_per_qk_head;
+  const int hk = int(kdakit::cuda::fast_div(uint32_t(h), p.div_v_heads_per_qk));
   unsigned char* blk = p.chunk_blocks + (size_t(chunk) * size_t(p.num_v_heads) + size_t(h)) * kChunkBlockBytes;
 
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
@@ -529,15 +535,10 @@ __global__ void __launch_bounds__(kThreads, 2) kda_prefill_prep_sm90_kernel(cons
         const float sk = row_k[r];
 #pragma unroll
         for (int e = 0; e < 8; ++e) {
-          const float k_raw = kn[e];  // a bf16 value: converts back exactly
           kn[e] *= sk;
           kfr[j][e] = kn[e] * fast_exp2(c_cur[e] - b2[j][e]);
           kh[e] = kfr[j][e] * kh_fac[e];
           kd[e] = kn[e] * fast_exp2(m_cur[e] - b2[j][e]);  // exp2(m_R - b2) <= 2^(max_span / 2), or 0
-          if ((left_out >> e) & 1u) {  // the rows phase 3 reads: see there
-            wide_b2[(c0 + e) * kChunk + r] = b2[j][e];
-            wide_k[(c0 + e) * kChunk + r] = __bfloat16_as_ushort(__float2bfloat16_rn(k_raw));
-          }
         }
         uint4 kh_hi, kh_lo;
         kdakit::cuda::split_bf16x2(kh[0], kh[1], kh_hi.x, kh_lo.x);
@@ -547,6 +548,23 @@ __global__ void __launch_bounds__(kThreads, 2) kda_prefill_prep_sm90_kernel(cons
         *reinterpret_cast<uint4*>(blk + Layout::kKhOffset + size_t(r) * 256 + c0 * 2) = kh_hi;
         *reinterpret_cast<uint4*>(blk + Layout::kKhLoOffset + size_t(r) * 256 + c0 * 2) = kh_lo;
         *reinterpret_cast<uint4*>(smem + Plan::kKbOffset + swz(kb_row_offset(R) + r, ch0)) = pack8(kd);
+      }
+      // NOTE: the wide channels' scratch rows behind one branch after the rows' loop, not as
+      // per-element predicates inside it: predicated, its 64 stores and their conversions were
+      // issued by every thread of every CTA (~130 issue slots) for channels that are almost never
+      // wide (never, for lower-bound gates with the default bound). k is still raw in kA here.
+      if (left_out != 0u) {  // the rows phase 3 reads: see there
+#pragma unroll
+        for (int j = 0; j < kRowsPerThread; ++j) {
+          const uint16_t* raw = reinterpret_cast<const uint16_t*>(smem + Plan::kKaOffset + swz(r0 + j, ch0));
+#pragma unroll
+          for (int e = 0; e < 8; ++e) {
+            if ((left_out >> e) & 1u) {
+              wide_b2[(c0 + e) * kChunk + r0 + j] = b2[j][e];
+              wide_k[(c0 + e) * kChunk + r0 + j] = raw[e];
+            }
+          }
+        }
       }
 #pragma unroll
       for (int Rb = 1; Rb < kSubBlocks; ++Rb) {
@@ -642,7 +660,22 @@ __global__ void __launch_bounds__(kThreads, 2) kda_prefill_prep_sm90_kernel(cons
   // ---- Phase 3: L, M to shared fp32; wide-span terms; M to the block ---------------------
   float* Lf = reinterpret_cast<float*>(smem + Plan::kLOffset);
   float* Tf = reinterpret_cast<float*>(smem + Plan::kTOffset);  // M lives in the T space until it is stored
-  lm_store(acc0, acc1, warp, Lf, Tf, g, t);
+  // NOTE: without wide-span channels (every CTA of a lower-bound gate, most of the others) M
+  // leaves from the accumulators as bf16, and its six blocks above the diagonal as zeros: no
+  // fp32 round trip through shared memory, no conversion pass, one barrier less.
+  uint32_t any_wide = 0;
+#pragma unroll
+  for (int i = 0; i < kSubBlocks; ++i) {  // the first mask: every wide channel
+    const uint4 m4 = reinterpret_cast<const uint4*>(mask)[i];
+    any_wide |= m4.x | m4.y | m4.z | m4.w;
+  }
+  lm_store(acc0, acc1, warp, Lf, Tf, any_wide == 0u ? blk + Layout::kMOffset : nullptr, g, t);
+  if (any_wide == 0u && tid < 6 * 2 * kSubBlock) {  // blocks (R, S > R): 6 x 16 rows x 2 16-byte halves
+    const int b = tid >> 5, rr = (tid >> 1) & 15, hh = tid & 1;
+    const int R = b < 3 ? 0 : b < 5 ? 1 : 2, S = b < 3 ? b + 1 : b < 5 ? b - 1 : 3;
+    *reinterpret_cast<uint4*>(blk + Layout::kMOffset + size_t(kSubBlock * R + rr) * 128 + (kSubBlock * S + 8 * hh) * 2) =
+        make_uint4(0u, 0u, 0u, 0u);
+  }
   __syncthreads();
   // Per-element diagonal-tile terms of wide-span channels. Thread (Rb, i, j) = (tid / 64,
   // tid / 8 % 8, tid % 8) owns entry (i, j) of the three 8 x 8 quadrants of sub-block Rb's
@@ -653,9 +686,6 @@ __global__ void __launch_bounds__(kThreads, 2) kda_prefill_prep_sm90_kernel(cons
   // NOTE: so the front list's channels cost 36 entries each instead of the tile's 136, and the
   // four sub-blocks' entries run side by side on the CTA's 256 threads (the benchmark's softplus
   // inputs: 1.4% of (sub-block, channel) pairs wide, 0.002% steep within an 8-row half).
-  uint32_t any_wide = 0;
-#pragma unroll
-  for (int i = 0; i < kSubBlocks * 4; ++i) any_wide |= mask[i];  // the first mask: every wide channel
   if (any_wide != 0u) {
     const int Rb = tid >> 6, qi = (tid >> 3) & 7, qj = tid & 7;
     const float* const wide_b2 = wide_b2_scratch(blk);
@@ -698,20 +728,20 @@ __global__ void __launch_bounds__(kThreads, 2) kda_prefill_prep_sm90_kernel(cons
       Tf[r * Plan::kLdF + s] += dm;
     }
     __syncthreads();
-  }
 #pragma unroll
-  for (int u = 0; u < kChunk * 16 / kThreads; ++u) {  // M: 64 rows x 16 quads of 4 bf16
-    // NOTE: one float4 per lane, 16 lanes per row: a quarter-warp reads 128 contiguous bytes of
-    // one row, conflict-free (8 floats per lane, at 32-byte steps, were 2-way conflicts).
-    const int c = tid + u * kThreads;
-    const int r = c >> 4, q4 = c & 15;
-    // columns past the row's diagonal tile are zeros (phase 2 does not compute them)
-    const float4 x = q4 < 4 * (r / kSubBlock + 1) ? *reinterpret_cast<const float4*>(Tf + r * Plan::kLdF + q4 * 4)
-                                                   : make_float4(0.f, 0.f, 0.f, 0.f);
-    *reinterpret_cast<uint2*>(blk + Layout::kMOffset + size_t(r) * 128 + q4 * 8) =
-        make_uint2(kdakit::cuda::pack_bf16x2(x.x, x.y), kdakit::cuda::pack_bf16x2(x.z, x.w));
+    for (int u = 0; u < kChunk * 16 / kThreads; ++u) {  // M: 64 rows x 16 quads of 4 bf16
+      // NOTE: one float4 per lane, 16 lanes per row: a quarter-warp reads 128 contiguous bytes of
+      // one row, conflict-free (8 floats per lane, at 32-byte steps, were 2-way conflicts).
+      const int c = tid + u * kThreads;
+      const int r = c >> 4, q4 = c & 15;
+      // columns past the row's diagonal tile are zeros (phase 2 does not compute them)
+      const float4 x = q4 < 4 * (r / kSubBlock + 1) ? *reinterpret_cast<const float4*>(Tf + r * Plan::kLdF + q4 * 4)
+                                                     : make_float4(0.f, 0.f, 0.f, 0.f);
+      *reinterpret_cast<uint2*>(blk + Layout::kMOffset + size_t(r) * 128 + q4 * 8) =
+          make_uint2(kdakit::cuda::pack_bf16x2(x.x, x.y), kdakit::cuda::pack_bf16x2(x.z, x.w));
+    }
+    __syncthreads();
   }
-  __syncthreads();
 
   // ---- Phase 4: T = (I + diag(beta) L)^-1 --------------------------------------------------
   // Warp R < 4: diagonal block T_RR, in registers (C layout), also to shared fp32.

@@ -1,6 +1,7 @@
 // launch_prefill_prep: checks what the prep kernel supports, builds its kernel-side params
 // and picks the (gate, g dtype) instantiation. Runtime flags that do not change the inner loop
 // (norms, beta activation, scalar gate, beta dtype) stay runtime arguments.
+#include <algorithm>
 #include <cstdint>
 #include <string>
 
@@ -77,6 +78,10 @@ Status launch_prefill_prep(const PrefillParams& p, const WorkspacePlan& w, void*
       .chunks_per_row = p.cu_seqlens != nullptr ? 0 : int32_t((p.seqlen + kChunk - 1) / kChunk),
       .num_v_heads = p.num_v_heads,
       .v_heads_per_qk_head = p.num_v_heads / p.num_qk_heads,
+      .div_v_heads = kdakit::cuda::make_fast_div(uint32_t(std::max(p.num_v_heads, 1))),
+      .div_chunks_per_row = kdakit::cuda::make_fast_div(
+          p.cu_seqlens != nullptr ? 1u : uint32_t(std::max<int64_t>((p.seqlen + kChunk - 1) / kChunk, 1))),
+      .div_v_heads_per_qk = kdakit::cuda::make_fast_div(uint32_t(std::max(p.num_v_heads / std::max(p.num_qk_heads, 1), 1))),
       .packed = p.cu_seqlens != nullptr,
       .beta_fp32 = p.dtype_beta == DType::kFloat32,
       .scalar_gate = p.scalar_gate,
