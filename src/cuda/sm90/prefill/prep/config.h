@@ -140,9 +140,9 @@ struct SharedMemoryPlan {
   static constexpr size_t kKbBytes = size_t(kKbRows) * kRowBytes;
   static constexpr size_t kRowScaleOffset = kKbOffset + kKbBytes;     // rq, rk, beta fp32 [3][64]
   // Sub-block boundaries fp32 [5][128]: row 0 zeros (c_{-1}), row R + 1 c_R, so that c_{R-1}
-  // is read without a branch on R. NOTE: as one float4 per lane the elementwise phase's reads are
-  // conflict-free (a quarter-warp is one sub-block); predicated scalar reads (the R == 0 case)
-  // were 3-way conflicts across sub-blocks.
+  // is read without a branch on R. Like every per-channel fp32 vector here (these, the row
+  // references, the warps' gate totals), in the lane-interleaved channel order of kernel.cuh
+  // (vo): a quarter-warp's float4 reads are conflict-free.
   static constexpr size_t kBoundOffset = kRowScaleOffset + 3 * kChunk * 4;
   // Wide-span channels as bit masks uint32 [2][4][4]: [0] wide in the sub-block, [1] wide
   // within its first 8-row half too (a subset).
@@ -152,12 +152,12 @@ struct SharedMemoryPlan {
   // (kernel.cuh, phase 3), and their counts (int [2][4]: front lists, then back lists).
   static constexpr size_t kWideListOffset = kMaskOffset + 2 * kSubBlocks * (kHeadDim / 32) * 4;
   static constexpr size_t kWideCountOffset = kWideListOffset + kSubBlocks * kHeadDim;
-  // fp32 [4][128]: b2 at row 7 of each sub-block (the end of its first 8-row half), which the
-  // classification replaces by the sub-block's row reference m_R (kernel.cuh).
+  // fp32 [4][128]: each sub-block's row reference m_R per channel (kernel.cuh, phase 1b).
   static constexpr size_t kHalfBoundOffset = kWideCountOffset + 2 * kSubBlocks * 4;
   static constexpr size_t kBytes = kHalfBoundOffset + kSubBlocks * kHeadDim * 4;
-  // Overlays. The norm partial sums [2][8 warps][64] fp32 live in kB before kB is written.
-  static constexpr size_t kNormOffset = kKbOffset;
+  // Overlays. The warps' 8-row gate totals [8 warps][128] fp32 (phase 1b) live in kB before
+  // kB is written.
+  static constexpr size_t kWarpTotalOffset = kKbOffset;
   // Phase 3 (after the L/M products): L, T fp32 [64][kLdF], then the T diag(beta) hi/lo tiles,
   // all in the qA/kA/kB space.
   static constexpr int kLdF = kChunk + 4;  // fp32 row pitch (floats): rows 16 B apart mod 128
@@ -170,8 +170,8 @@ struct SharedMemoryPlan {
   static constexpr size_t kTbLoOffset = kTbHiOffset + size_t(kChunk) * kChunk * 2;
 };
 static_assert(SharedMemoryPlan::kHalfBoundOffset % 16 == 0, "the half bounds are read as float4");
-static_assert(SharedMemoryPlan::kNormOffset + 2 * kWarps * kChunk * 4 <= SharedMemoryPlan::kRowScaleOffset,
-              "norm partials must fit in the kB space");
+static_assert(SharedMemoryPlan::kWarpTotalOffset + kWarps * kHeadDim * 4 <= SharedMemoryPlan::kRowScaleOffset,
+              "the warps' gate totals must fit in the kB space");
 static_assert(SharedMemoryPlan::kTbLoOffset + kChunk * kChunk * 2 <= SharedMemoryPlan::kRowScaleOffset,
               "the T diag(beta) hi/lo tiles must fit in the kB space");
 // NOTE: two CTAs per SM (2 x (kBytes + 1 KiB reserved) <= 228 KiB): one CTA's loads and stores

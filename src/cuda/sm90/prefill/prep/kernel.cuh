@@ -28,18 +28,22 @@
 //   T = (I + diag(beta) L)^-1,  W = T diag(beta) Kt,  U0 = T diag(beta) V.
 //
 // Warp roles and phases (one CTA, 8 warps, __syncthreads between phases):
-//   1. q, k -> shared by cp.async (into the A^M, A^L tiles). Thread (warp w,
-//      lane 2 rq + co) owns rows 4 rq .. 4 rq + 3 and channels 16 w + 8 co .. + 7: 16-byte
-//      loads of g, gate and running sum in registers (local sum + shuffle scan over the 16 row
-//      groups); norms (8-warp shared sums in fixed order). Writes Qt, Kh, decay to the block;
-//      Kt, A^L, A^M (in place over k, q), B^(R) to shared memory (bf16, 16-byte chunks
-//      XOR-swizzled by row).
+//   1. q, k -> shared by cp.async (into the A^M, A^L tiles). Warp w owns rows 8 w .. 8 w + 7
+//      (half of sub-block w / 2), thread (warp w, lane 16 rq + co) rows 8 w + 4 rq .. + 3 and
+//      channels 8 co .. + 7: it copies its own q/k pieces, loads its g rows (16-byte loads),
+//      gate and running sum in registers (local sum, one shuffle, then the earlier warps'
+//      totals through shared memory), norms as warp sums (no shared partials). One barrier
+//      publishes the warps' totals; the second-half warps then write c_R and classify their
+//      sub-block's channels (wide-span masks, lists, m_R), and a second barrier publishes that.
+//      Writes Qt, Kh, decay to the block; Kt, A^L, A^M (in place over k, q), B^(R) to shared
+//      memory (bf16, 16-byte chunks XOR-swizzled by row).
 //   2. L, M on tensor cores: each is 20 n8 tiles, split over the warps as up to two segments
 //      of one matrix and sub-block each (config.h, lm_segment), one product loop per segment
 //      shape. M's A operand is A^M as bf16 hi + lo (its lo tile in V's space, V loaded after this
 //      phase): the rounding of A^M was the largest single share of the output error on
 //      lower-bound gates (tools/chunked_rounding_model.py).
-//   3. L, M to shared fp32 (masked), per-element terms of wide-span channels, M to the block.
+//   3. L to shared fp32 (masked); M straight to the block as bf16 when the CTA has no
+//      wide-span channel, else to shared fp32, its per-element terms added, then to the block.
 //   4. T on tensor cores (config.h): warps 0-3 invert their diagonal 16 x 16 block in registers
 //      by repeated squaring, then warps 1-3 compute their row of off-diagonal blocks right to
 //      left (three-pass bf16 products); every block of T diag(beta) goes to bf16 hi/lo tiles.
@@ -48,8 +52,8 @@
 //      its accumulators straight to the block.
 // Nothing is pipelined inside a CTA: two CTAs share an SM (config.h), so one computes while the
 // other's loads and stores are in flight. NOTE: measured on the H200 (H=96, T=8192), version 1
-// took 1.19 ms and this kernel 0.95 ms (session 6; 1.00 ms in session 7 with Kh lo and A^M lo),
-// against a 0.45 ms floor for the bytes. The
+// took 1.19 ms and this kernel 0.95 ms (session 6; 1.00 ms in session 7 with Kh lo and A^M lo;
+// 0.87 ms in session 22 with the phase 1 mapping above), against a 0.45 ms floor for the bytes. The
 // grid time is waves of 2 CTAs per SM times the ~21 us latency of one CTA's dependent
 // instruction chain (0.44 issued instructions per scheduler and cycle; the elementwise phase 1
 // is about half of the samples), not the loads: an L2 prefetch of the next CTA's inputs
@@ -62,7 +66,7 @@
 // loops (the inverse's squaring steps, phase 2's k-steps by 2, phase 5's halves, the wide-span
 // loop by 2) took it to 6,520 and their prep 7% faster, the lower-bound rows unchanged (session
 // 14). The ctest prefill_prep_code_size (tests/cpp/prefill/prep) fails past 6,600 for the
-// lower-bound, bf16-g instantiation (6,112 now, session 20); the softplus ones run ~190 instructions
+// lower-bound, bf16-g instantiation (6,240 now, session 22); the softplus ones run ~190 instructions
 // larger.
 #pragma once
 
@@ -99,11 +103,15 @@ using common::tc_offdiag_blocks;
 
 // Byte offset of 16-byte chunk `chunk` of row `row` in a bf16 [rows][128] shared array.
 // NOTE: the XOR key (row ^ row / 4) mod 8 is a bijection on any 8 aligned rows (ldmatrix
-// reads 8 consecutive rows at one logical chunk) and also on rows 4 rq + j, rq = 0..7 (the
-// elementwise phase's pattern), so both access 8 distinct bank groups.
+// reads 8 consecutive rows at one logical chunk), so those hit 8 distinct bank groups; the
+// elementwise phase's quarter-warps access 8 distinct chunks of one row.
 __device__ __forceinline__ uint32_t swz(int row, int chunk) {
   return uint32_t(row) * 256u + (uint32_t(chunk ^ ((row ^ (row >> 2)) & 7)) << 4);
 }
+
+// Offset of element e (0..7) of a lane's 8 channels in the per-channel fp32 vectors, from the
+// lane's base 4 co (the kernel's NOTE at the phase 1 mapping).
+__host__ __device__ constexpr int vo(int e) { return e < 4 ? e : kHeadDim / 2 + e - 4; }
 
 __device__ __forceinline__ void unpack8(const uint4& raw, float (&out)[8]) {
   const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&raw);
@@ -297,8 +305,6 @@ __global__ void __launch_bounds__(kThreads, 2) kda_prefill_prep_sm90_kernel(cons
   float* half_bound = reinterpret_cast<float*>(smem + Plan::kHalfBoundOffset);
   const float max_span = max_diag_span(p.use_qk_l2norm);
   float* bound = reinterpret_cast<float*>(smem + Plan::kBoundOffset);     // [5][128]: 0, c_0 .. c_3
-  float* norm_q = reinterpret_cast<float*>(smem + Plan::kNormOffset);     // [8 warps][64]
-  float* norm_k = norm_q + kWarps * kChunk;
 
   const __nv_bfloat16* qg = static_cast<const __nv_bfloat16*>(p.q) + brow * p.stride_q_b + tok0 * p.stride_q_t +
                             int64_t(hk) * p.stride_q_h;
@@ -308,18 +314,37 @@ __global__ void __launch_bounds__(kThreads, 2) kda_prefill_prep_sm90_kernel(cons
   const __nv_bfloat16* vg = static_cast<const __nv_bfloat16*>(p.v) + brow * p.stride_v_b + tok0 * p.stride_v_t +
                             int64_t(h) * p.stride_v_h;
 
+  // ---- Phase 1 mapping --------------------------------------------------------------------
+  // Warp w owns rows 8 w .. 8 w + 7 (the first or second 8-row half of sub-block R = w / 2) and
+  // lane (rq, co) = (lane / 16, lane % 16) rows 8 w + 4 rq .. + 3, channels 8 co .. 8 co + 7.
+  // NOTE: so a warp's rows lie in one sub-block (its B^(R') copies below are one warp-uniform
+  // branch, not a loop that every warp ran with the lanes of other sub-blocks masked off), a row
+  // is one warp (the q/k norms are warp sums: no partial sums through shared memory and no
+  // barrier), and a quarter-warp's 16-byte accesses are one row's 128 contiguous bytes.
+  const int rq = lane >> 4, co = lane & 15;
+  const int r0 = kSubBlock / 2 * warp + kRowsPerThread * rq;  // first of the thread's 4 rows
+  const int R = warp >> 1;                                     // their sub-block
+  const int c0 = co * 8;                                       // first of the thread's 8 channels
+  const int ch0 = co;                                          // their 16-byte chunk
+  // NOTE: the per-channel fp32 vectors (the boundaries c_R, the row references m_R, the warps'
+  // totals) hold channel c at (c / 4 % 2) * 64 + c / 8 * 4 + c % 4, so that a quarter-warp's
+  // float4 reads of its 8 lanes' channels 8 co .. 8 co + 3 (then + 4 .. + 7) are 128 contiguous
+  // bytes: in channel order they were 32 bytes apart, 2-way bank conflicts (Nsight Compute: 12M
+  // excess wavefronts at H96 fixed). Lane co's channel 8 co + e is at 4 co + vo(e).
+  const int cv = 4 * co;
+
   // ---- Phase 1a: q, k -> shared (cp.async); rows past the chunk are zeros ----------------
   // q and k land in the qA and kA tiles, which phase 1c overwrites in place. V comes after
-  // phase 2: its tile holds A^M lo until then.
+  // phase 2: its tile holds A^M lo until then. Each thread copies the (row, chunk) pieces it
+  // reads back in 1b and 1c, so its own cp.async wait is all they need.
   {
 #pragma unroll
-    for (int u = 0; u < kChunk * 16 / kThreads; ++u) {
-      const int c = tid + u * kThreads;
-      const int r = c >> 4, ch = c & 15;
-      const uint32_t off = swz(r, ch);
+    for (int j = 0; j < kRowsPerThread; ++j) {
+      const int r = r0 + j;
+      const uint32_t off = swz(r, ch0);
       if (r < len) {
-        kdakit::cuda::cp_async_16(kdakit::cuda::smem_u32(smem + Plan::kQaOffset + off), qg + int64_t(r) * p.stride_q_t + ch * 8);
-        kdakit::cuda::cp_async_16(kdakit::cuda::smem_u32(smem + Plan::kKaOffset + off), kg + int64_t(r) * p.stride_k_t + ch * 8);
+        kdakit::cuda::cp_async_16(kdakit::cuda::smem_u32(smem + Plan::kQaOffset + off), qg + int64_t(r) * p.stride_q_t + c0);
+        kdakit::cuda::cp_async_16(kdakit::cuda::smem_u32(smem + Plan::kKaOffset + off), kg + int64_t(r) * p.stride_k_t + c0);
       } else {
         *reinterpret_cast<uint4*>(smem + Plan::kQaOffset + off) = make_uint4(0u, 0u, 0u, 0u);
         *reinterpret_cast<uint4*>(smem + Plan::kKaOffset + off) = make_uint4(0u, 0u, 0u, 0u);
@@ -329,12 +354,6 @@ __global__ void __launch_bounds__(kThreads, 2) kda_prefill_prep_sm90_kernel(cons
   }
 
   // ---- Phase 1b: gate and running sum (registers), beta, then norms ----------------------
-  const int rq = lane >> 1, co = lane & 1;
-  const int r0 = rq * kRowsPerThread;     // first of the thread's 4 rows
-  const int R = r0 / kSubBlock;           // their sub-block
-  const int c0 = warp * 16 + co * 8;      // first of the thread's 8 channels
-  const int ch0 = c0 >> 3;                // their 16-byte chunk
-
   // NOTE: every global load of this phase (dt_bias, the thread's four g rows, beta) is issued
   // before any of them is used. With the gate computed row by row after each row's load (and a
   // branch on scalar_gate per row), the compiler issued the loads one after another, each behind
@@ -397,7 +416,8 @@ __global__ void __launch_bounds__(kThreads, 2) kda_prefill_prep_sm90_kernel(cons
       }
     }
   }
-  // Running sum: 4 local rows, then a scan over the 16 row groups (lanes of equal co).
+  // Running sum: 4 local rows, then the warp's first 4 rows before its last 4 (one shuffle), then
+  // the warps before this one (their totals through shared memory, in warp order).
 #pragma unroll
   for (int j = 1; j < kRowsPerThread; ++j) {
 #pragma unroll
@@ -405,100 +425,155 @@ __global__ void __launch_bounds__(kThreads, 2) kda_prefill_prep_sm90_kernel(cons
   }
 #pragma unroll
   for (int e = 0; e < 8; ++e) {
-    float incl = b2[kRowsPerThread - 1][e];
+    const float y = __shfl_up_sync(0xffffffffu, b2[kRowsPerThread - 1][e], 16);
+    const float add = rq != 0 ? y : 0.f;
 #pragma unroll
-    for (int d = 1; d < 16; d *= 2) {
-      const float y = __shfl_up_sync(0xffffffffu, incl, 2 * d);
-      if (rq >= d) incl += y;
-    }
-    float excl = __shfl_up_sync(0xffffffffu, incl, 2);
-    if (rq == 0) excl = 0.f;
-#pragma unroll
-    for (int j = 0; j < kRowsPerThread; ++j) b2[j][e] += excl;
+    for (int j = 0; j < kRowsPerThread; ++j) b2[j][e] += add;
   }
-  if ((rq & 3) == 3) {  // the last row of a sub-block: its b2 is the boundary c_R
-    float* dst = bound + (R + 1) * kHeadDim + c0;
+  float* warp_total = reinterpret_cast<float*>(smem + Plan::kWarpTotalOffset);  // [8 warps][128]: 8-row totals
+  if (rq == 1) {
+    float* dst = warp_total + warp * kHeadDim + cv;
     *reinterpret_cast<float4*>(dst) = make_float4(b2[3][0], b2[3][1], b2[3][2], b2[3][3]);
-    *reinterpret_cast<float4*>(dst + 4) = make_float4(b2[3][4], b2[3][5], b2[3][6], b2[3][7]);
-  }
-  if ((rq & 3) == 1) {  // row 16 R + 7, the end of the sub-block's first 8-row half
-    float* dst = half_bound + R * kHeadDim + c0;
-    *reinterpret_cast<float4*>(dst) = make_float4(b2[3][0], b2[3][1], b2[3][2], b2[3][3]);
-    *reinterpret_cast<float4*>(dst + 4) = make_float4(b2[3][4], b2[3][5], b2[3][6], b2[3][7]);
+    *reinterpret_cast<float4*>(dst + vo(4)) = make_float4(b2[3][4], b2[3][5], b2[3][6], b2[3][7]);
   }
   if (tid < kHeadDim / 4) {  // row 0: c_{-1} = 0
     reinterpret_cast<float4*>(bound)[tid] = make_float4(0.f, 0.f, 0.f, 0.f);
-  }
-  if (rq == 15) {  // decay = exp2(b2 of the last row)
-    float4* dst = reinterpret_cast<float4*>(reinterpret_cast<float*>(blk + Layout::kDecayOffset) + c0);
-    dst[0] = make_float4(fast_exp2(b2[3][0]), fast_exp2(b2[3][1]), fast_exp2(b2[3][2]), fast_exp2(b2[3][3]));
-    dst[1] = make_float4(fast_exp2(b2[3][4]), fast_exp2(b2[3][5]), fast_exp2(b2[3][6]), fast_exp2(b2[3][7]));
   }
   if (tid < kChunk) {
     beta_s[tid] = tid < len ? kdakit::cuda::beta_activation(beta_s[tid], p.use_beta_sigmoid, p.allow_neg_eigval) : 0.f;
   }
   kdakit::cuda::cp_async_wait_all();
   __syncthreads();
-  // Norm partial sums: 8 channels here, the co pair by shuffle, 8 warps in shared memory.
+  {
+    // The prefix of the warps before this one: c_{R-1} after the first 2 R (0 for R = 0), then
+    // for a second-half warp the first half's total, which makes it b2 at row 16 R + 7.
+    // NOTE: every warp adds the same totals in the same order, so c_R computed here by the warps
+    // of later sub-blocks equals bit for bit the b2 of row 16 R + 15 that warp 2 R + 1 writes.
+    float pre[8], c_prev[8];
 #pragma unroll
-  for (int j = 0; j < kRowsPerThread; ++j) {
-    float qf[8], kf[8];
-    unpack8(*reinterpret_cast<const uint4*>(smem + Plan::kQaOffset + swz(r0 + j, ch0)), qf);
-    unpack8(*reinterpret_cast<const uint4*>(smem + Plan::kKaOffset + swz(r0 + j, ch0)), kf);
-    float sq = 0.f, sk = 0.f;
-#pragma unroll
-    for (int e = 0; e < 8; ++e) {
-      sq += qf[e] * qf[e];
-      sk += kf[e] * kf[e];
-    }
-    sq += __shfl_xor_sync(0xffffffffu, sq, 1);
-    sk += __shfl_xor_sync(0xffffffffu, sk, 1);
-    if (co == 0) {
-      norm_q[warp * kChunk + r0 + j] = sq;
-      norm_k[warp * kChunk + r0 + j] = sk;
-    }
-  }
-  __syncthreads();
-  if (tid < kChunk) {
-    float sq = 0.f, sk = 0.f;
-#pragma unroll
-    for (int w = 0; w < kWarps; ++w) {
-      sq += norm_q[w * kChunk + tid];
-      sk += norm_k[w * kChunk + tid];
-    }
-    row_q[tid] = (p.use_qk_l2norm ? kdakit::cuda::l2norm_scale(sq) : 1.f) * p.scale;
-    row_k[tid] = p.use_qk_l2norm ? kdakit::cuda::l2norm_scale(sk) : 1.f;
-  } else if (warp >= kWarps - kSubBlocks) {
-    // Wide-span channels of sub-block Rb = warp - 4: masks (one 32-bit word per 32 channels)
-    // and two ascending lists of their indices, from two ballots per word: the front list
-    // holds the channels whose first 8-row half spans at most max_span (their diagonal tile's
-    // first half goes through the product, phase 1c), the back list (stored from index 127 down)
-    // the others. And each channel's row reference m_R (the header's), over its half bound.
-    const int Rb = warp - (kWarps - kSubBlocks);
-    int count = 0, count_back = 0;
-    const uint32_t below = (1u << lane) - 1u;
+    for (int e = 0; e < 8; ++e) pre[e] = 0.f;
 #pragma unroll 1
-    for (int wd = 0; wd < kHeadDim / 32; ++wd) {
-      const int i = wd * 32 + lane;
-      const float cp = bound[Rb * kHeadDim + i];
-      const float span = cp - bound[(Rb + 1) * kHeadDim + i], span0 = cp - half_bound[Rb * kHeadDim + i];
-      const bool wide = span > max_span;
-      const bool back = wide && span0 > max_span;
-      half_bound[Rb * kHeadDim + i] = !wide ? cp - 0.5f * span : (!back ? cp - 0.5f * span0 : cp);
-      const uint32_t bits = __ballot_sync(0xffffffffu, wide && !back);
-      const uint32_t bits_back = __ballot_sync(0xffffffffu, back);
-      if (wide && !back) wide_list[Rb * kHeadDim + count + __popc(bits & below)] = uint8_t(i);
-      if (back) wide_list[Rb * kHeadDim + kHeadDim - 1 - count_back - __popc(bits_back & below)] = uint8_t(i);
-      count += __popc(bits);
-      count_back += __popc(bits_back);
-      if (lane == 0) {
-        mask[Rb * 4 + wd] = bits | bits_back;
-        mask[kSubBlocks * 4 + Rb * 4 + wd] = bits_back;
+    for (int w2 = 0; w2 < 2 * R; ++w2) {
+      const float4 lo = *reinterpret_cast<const float4*>(warp_total + w2 * kHeadDim + cv);
+      const float4 hi = *reinterpret_cast<const float4*>(warp_total + w2 * kHeadDim + cv + vo(4));
+      pre[0] += lo.x, pre[1] += lo.y, pre[2] += lo.z, pre[3] += lo.w;
+      pre[4] += hi.x, pre[5] += hi.y, pre[6] += hi.z, pre[7] += hi.w;
+    }
+#pragma unroll
+    for (int e = 0; e < 8; ++e) c_prev[e] = pre[e];
+    if (warp & 1) {
+      const float4 lo = *reinterpret_cast<const float4*>(warp_total + (warp - 1) * kHeadDim + cv);
+      const float4 hi = *reinterpret_cast<const float4*>(warp_total + (warp - 1) * kHeadDim + cv + vo(4));
+      pre[0] += lo.x, pre[1] += lo.y, pre[2] += lo.z, pre[3] += lo.w;
+      pre[4] += hi.x, pre[5] += hi.y, pre[6] += hi.z, pre[7] += hi.w;
+    }
+#pragma unroll
+    for (int j = 0; j < kRowsPerThread; ++j) {
+#pragma unroll
+      for (int e = 0; e < 8; ++e) b2[j][e] += pre[e];
+    }
+    if (warp == kWarps - 1 && rq == 1) {  // decay = exp2(b2 of the last row)
+      float4* dst = reinterpret_cast<float4*>(reinterpret_cast<float*>(blk + Layout::kDecayOffset) + c0);
+      dst[0] = make_float4(fast_exp2(b2[3][0]), fast_exp2(b2[3][1]), fast_exp2(b2[3][2]), fast_exp2(b2[3][3]));
+      dst[1] = make_float4(fast_exp2(b2[3][4]), fast_exp2(b2[3][5]), fast_exp2(b2[3][6]), fast_exp2(b2[3][7]));
+    }
+    if (warp & 1) {
+      // The second-half warp of sub-block R: its last row's b2 is the boundary c_R, and its lanes
+      // rq = 1 classify the sub-block's channels. Wide-span channels: masks (bytes of the 32-bit
+      // words, channel 8 co + e at bit e of byte co) and two ascending lists of their indices: the
+      // front list holds the channels whose first 8-row half spans at most max_span (their
+      // diagonal tile's first half goes through the product, phase 1c), the back list (stored
+      // from index 127 down) the others. And each channel's row reference m_R (the header's).
+      const bool act = rq == 1;
+      uint32_t front = 0u, back = 0u;
+      float m[8];
+#pragma unroll
+      for (int e = 0; e < 8; ++e) {
+        const float cp = c_prev[e];
+        const float span = cp - b2[3][e], span0 = cp - pre[e];
+        const bool wide = span > max_span;
+        const bool steep = wide && span0 > max_span;
+        m[e] = !wide ? cp - 0.5f * span : (!steep ? cp - 0.5f * span0 : cp);
+        front |= uint32_t(wide && !steep) << e;
+        back |= uint32_t(steep) << e;
+      }
+      if (act) {
+        float* dst = bound + (R + 1) * kHeadDim + cv;
+        *reinterpret_cast<float4*>(dst) = make_float4(b2[3][0], b2[3][1], b2[3][2], b2[3][3]);
+        *reinterpret_cast<float4*>(dst + vo(4)) = make_float4(b2[3][4], b2[3][5], b2[3][6], b2[3][7]);
+        float* mdst = half_bound + R * kHeadDim + cv;
+        *reinterpret_cast<float4*>(mdst) = make_float4(m[0], m[1], m[2], m[3]);
+        *reinterpret_cast<float4*>(mdst + vo(4)) = make_float4(m[4], m[5], m[6], m[7]);
+        uint8_t* mask_bytes = reinterpret_cast<uint8_t*>(mask);
+        mask_bytes[R * 16 + co] = uint8_t(front | back);
+        mask_bytes[kSubBlocks * 16 + R * 16 + co] = uint8_t(back);
+      }
+      int total_front = 0, total_back = 0;
+      if (__any_sync(0xffffffffu, act && (front | back) != 0u)) {  // warp-uniform, rarely taken
+        const int nf = act ? __popc(front) : 0, nb = act ? __popc(back) : 0;
+        int incf = nf, incb = nb;
+#pragma unroll
+        for (int d = 1; d < 16; d *= 2) {
+          const int yf = __shfl_up_sync(0xffffffffu, incf, d), yb = __shfl_up_sync(0xffffffffu, incb, d);
+          if (co >= d) incf += yf, incb += yb;
+        }
+        if (act) {
+          int kf = incf - nf, kb = incb - nb;
+#pragma unroll
+          for (int e = 0; e < 8; ++e) {
+            if ((front >> e) & 1u) wide_list[R * kHeadDim + kf++] = uint8_t(c0 + e);
+            if ((back >> e) & 1u) wide_list[R * kHeadDim + kHeadDim - 1 - kb++] = uint8_t(c0 + e);
+          }
+        }
+        total_front = __shfl_sync(0xffffffffu, incf, 31);
+        total_back = __shfl_sync(0xffffffffu, incb, 31);
+      }
+      if (lane == 31) {
+        wide_count[R] = total_front;
+        wide_count[kSubBlocks + R] = total_back;
       }
     }
-    if (lane == 0) {
-      wide_count[Rb] = count;
-      wide_count[kSubBlocks + Rb] = count_back;
+  }
+  // q/k row norms: the thread's 8 channels of its 4 rows, then sums over the 16 lanes of each
+  // row group by a transposed butterfly (8 values, 8 shuffles): lane co ends with the sum of
+  // value co / 2 = 2 j + (0: q, 1: k).
+  {
+    float v[8];
+#pragma unroll
+    for (int j = 0; j < kRowsPerThread; ++j) {
+      float qf[8], kf[8];
+      unpack8(*reinterpret_cast<const uint4*>(smem + Plan::kQaOffset + swz(r0 + j, ch0)), qf);
+      unpack8(*reinterpret_cast<const uint4*>(smem + Plan::kKaOffset + swz(r0 + j, ch0)), kf);
+      float sq = 0.f, sk = 0.f;
+#pragma unroll
+      for (int e = 0; e < 8; ++e) {
+        sq += qf[e] * qf[e];
+        sk += kf[e] * kf[e];
+      }
+      v[2 * j] = sq;
+      v[2 * j + 1] = sk;
+    }
+#pragma unroll
+    for (int step = 0; step < 3; ++step) {  // lanes 8, 4, 2 apart: keep half of the values
+      const int dist = 8 >> step, n = 4 >> step;
+      const bool upper = (co & dist) != 0;
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        if (i < n) {
+          const float send = upper ? v[i] : v[i + n];
+          const float keep = upper ? v[i + n] : v[i];
+          v[i] = keep + __shfl_xor_sync(0xffffffffu, send, dist);
+        }
+      }
+    }
+    v[0] += __shfl_xor_sync(0xffffffffu, v[0], 1);
+    if ((co & 1) == 0) {
+      const int idx = co >> 1, r = r0 + (idx >> 1);
+      if (idx & 1) {
+        row_k[r] = p.use_qk_l2norm ? kdakit::cuda::l2norm_scale(v[0]) : 1.f;
+      } else {
+        row_q[r] = (p.use_qk_l2norm ? kdakit::cuda::l2norm_scale(v[0]) : 1.f) * p.scale;
+      }
     }
   }
   __syncthreads();
@@ -507,8 +582,8 @@ __global__ void __launch_bounds__(kThreads, 2) kda_prefill_prep_sm90_kernel(cons
   {
     // Per-sub-block constants are re-read from shared memory where needed: keeping them in
     // registers would spill.
-    const float* c_cur = bound + (R + 1) * kHeadDim + c0;
-    const float* m_row = half_bound + R * kHeadDim + c0;  // m_R
+    const float* c_cur = bound + (R + 1) * kHeadDim + cv;  // element e at c_cur[vo(e)]
+    const float* m_row = half_bound + R * kHeadDim + cv;  // m_R
     // The diagonal tile's column operands of this thread's rows leave out (-inf: zero) the
     // channels wide in the sub-block (rows of the second half) or within the first half (rows
     // of the first half); their terms are summed per element in phase 3.
@@ -524,8 +599,31 @@ __global__ void __launch_bounds__(kThreads, 2) kda_prefill_prep_sm90_kernel(cons
       uint16_t* const wide_k = wide_k_scratch(blk);
 #pragma unroll
       for (int e = 0; e < 8; ++e) {
-        kh_fac[e] = fast_exp2(bound[kSubBlocks * kHeadDim + c0 + e] - c_cur[e]);
-        m_cur[e] = (left_out >> e) & 1u ? -INFINITY : m_row[e];
+        kh_fac[e] = fast_exp2(bound[kSubBlocks * kHeadDim + cv + vo(e)] - c_cur[vo(e)]);
+        m_cur[e] = (left_out >> e) & 1u ? -INFINITY : m_row[vo(e)];
+      }
+      // NOTE: the wide channels' scratch rows behind one branch ahead of the rows' loop, not as
+      // per-element predicates inside it: predicated, its 64 stores and their conversions were
+      // issued by every thread of every CTA (~130 issue slots) for channels that are almost never
+      // wide (never, for lower-bound gates with the default bound). k is still raw in kA here.
+      if (left_out != 0u) {  // the rows phase 3 reads: see there
+        // All eight channels' scratch columns (phase 3 reads the flagged ones; the others are
+        // block space phase 5 overwrites): per channel the thread's 4 rows are one 16-byte b2 run
+        // and one 8-byte k run.
+        uint4 raw[kRowsPerThread];
+#pragma unroll
+        for (int j = 0; j < kRowsPerThread; ++j) raw[j] = *reinterpret_cast<const uint4*>(smem + Plan::kKaOffset + swz(r0 + j, ch0));
+#pragma unroll
+        for (int e = 0; e < 8; ++e) {
+          *reinterpret_cast<float4*>(wide_b2 + (c0 + e) * kChunk + r0) = make_float4(b2[0][e], b2[1][e], b2[2][e], b2[3][e]);
+          const uint32_t sel = (e & 1) ? 0x7632u : 0x5410u;  // the high or low bf16 of each row's word e / 2
+          const uint32_t* w0 = &raw[0].x + (e >> 1);
+          const uint32_t* w1 = &raw[1].x + (e >> 1);
+          const uint32_t* w2 = &raw[2].x + (e >> 1);
+          const uint32_t* w3 = &raw[3].x + (e >> 1);
+          *reinterpret_cast<uint2*>(wide_k + (c0 + e) * kChunk + r0) =
+              make_uint2(__byte_perm(*w0, *w1, sel), __byte_perm(*w2, *w3, sel));
+        }
       }
 #pragma unroll
       for (int j = 0; j < kRowsPerThread; ++j) {
@@ -536,7 +634,7 @@ __global__ void __launch_bounds__(kThreads, 2) kda_prefill_prep_sm90_kernel(cons
 #pragma unroll
         for (int e = 0; e < 8; ++e) {
           kn[e] *= sk;
-          kfr[j][e] = kn[e] * fast_exp2(c_cur[e] - b2[j][e]);
+          kfr[j][e] = kn[e] * fast_exp2(c_cur[vo(e)] - b2[j][e]);
           kh[e] = kfr[j][e] * kh_fac[e];
           kd[e] = kn[e] * fast_exp2(m_cur[e] - b2[j][e]);  // exp2(m_R - b2) <= 2^(max_span / 2), or 0
         }
@@ -549,30 +647,13 @@ __global__ void __launch_bounds__(kThreads, 2) kda_prefill_prep_sm90_kernel(cons
         *reinterpret_cast<uint4*>(blk + Layout::kKhLoOffset + size_t(r) * 256 + c0 * 2) = kh_lo;
         *reinterpret_cast<uint4*>(smem + Plan::kKbOffset + swz(kb_row_offset(R) + r, ch0)) = pack8(kd);
       }
-      // NOTE: the wide channels' scratch rows behind one branch after the rows' loop, not as
-      // per-element predicates inside it: predicated, its 64 stores and their conversions were
-      // issued by every thread of every CTA (~130 issue slots) for channels that are almost never
-      // wide (never, for lower-bound gates with the default bound). k is still raw in kA here.
-      if (left_out != 0u) {  // the rows phase 3 reads: see there
-#pragma unroll
-        for (int j = 0; j < kRowsPerThread; ++j) {
-          const uint16_t* raw = reinterpret_cast<const uint16_t*>(smem + Plan::kKaOffset + swz(r0 + j, ch0));
-#pragma unroll
-          for (int e = 0; e < 8; ++e) {
-            if ((left_out >> e) & 1u) {
-              wide_b2[(c0 + e) * kChunk + r0 + j] = b2[j][e];
-              wide_k[(c0 + e) * kChunk + r0 + j] = raw[e];
-            }
-          }
-        }
-      }
 #pragma unroll
       for (int Rb = 1; Rb < kSubBlocks; ++Rb) {
         if (Rb > R) {
           float b_fac[8];
 #pragma unroll
           for (int e = 0; e < 8; ++e) {
-            b_fac[e] = fast_exp2(half_bound[Rb * kHeadDim + c0 + e] - c_cur[e]);  // m_{R'} <= c_{R'-1} <= c_R: at most 1
+            b_fac[e] = fast_exp2(half_bound[Rb * kHeadDim + cv + vo(e)] - c_cur[vo(e)]);  // m_{R'} <= c_{R'-1} <= c_R: at most 1
           }
 #pragma unroll
           for (int j = 0; j < kRowsPerThread; ++j) {
@@ -592,7 +673,7 @@ __global__ void __launch_bounds__(kThreads, 2) kda_prefill_prep_sm90_kernel(cons
     // when that half too spans more than max_span; the column operands above match.
     float m_cur[8];
 #pragma unroll
-    for (int e = 0; e < 8; ++e) m_cur[e] = m_row[e];
+    for (int e = 0; e < 8; ++e) m_cur[e] = m_row[vo(e)];
 #pragma unroll
     for (int j = 0; j < kRowsPerThread; ++j) {
       const int r = r0 + j;
