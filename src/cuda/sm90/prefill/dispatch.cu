@@ -203,7 +203,7 @@ bool short_sequences(const PrefillParams& p) { return lengths_within(p, kFusedMa
 bool use_fused(const PrefillParams& p) {
   const PrefillPath f = forced_path();
   return (f == PrefillPath::kFused || (f == PrefillPath::kAuto && short_sequences(p))) &&
-         prefill::fused_unsupported(p).empty();
+         prefill::fused_unsupported(p) == nullptr;
 }
 
 // NOTE: the 16-token-tile kernel takes what the fused kernel takes (same checks, same plan
@@ -251,7 +251,7 @@ bool tile16_by_default(const PrefillParams& p) {
 bool use_tile16(const PrefillParams& p) {
   const PrefillPath f = forced_path();
   return (f == PrefillPath::kTile16 || (f == PrefillPath::kAuto && tile16_by_default(p))) &&
-         prefill::fused_unsupported(p).empty();
+         prefill::fused_unsupported(p) == nullptr;
 }
 
 // NOTE: a packed batch without the hint that averages over 64 (the fused kernel's domain, which
@@ -274,7 +274,7 @@ bool route_on_device(const PrefillParams& p) {
   if (p.cu_seqlens == nullptr || p.max_seqlen > 0) return false;
   if (p.num_seqs * p.num_v_heads < current_num_sms()) return false;
   return !lengths_within(p, kFusedMaxAverageLength, kTile16MaxLength) &&
-         lengths_within(p, kTile16MaxLength, kTile16MaxLength) && prefill::fused_unsupported(p).empty();
+         lengths_within(p, kTile16MaxLength, kTile16MaxLength) && prefill::fused_unsupported(p) == nullptr;
 }
 
 Status launch_tile16(const PrefillParams& p, const prefill::WorkspacePlan& plan, cudaStream_t stream) {
@@ -381,8 +381,9 @@ Status run_prefill(const PrefillParams& p, cudaStream_t stream) {
   }
   if (forced == PrefillPath::kFused || forced == PrefillPath::kTile16) {
     const std::string name = forced == PrefillPath::kFused ? "fused" : "tile16";
+    const char* why = prefill::fused_unsupported(p);
     return unsupported("the " + name + " path (KDAKIT_PREFILL_PATH=" + name + ") does not take this call: " +
-                       prefill::fused_unsupported(p));
+                       (why != nullptr ? why : "(it does)"));
   }
   if (forced == PrefillPath::kTokenSerial || (forced == PrefillPath::kAuto && prefer_token_serial(p))) {
     const Status st = run_recurrent_prefill(p, stream);
@@ -399,12 +400,12 @@ Status run_prefill(const PrefillParams& p, cudaStream_t stream) {
   if (routed) plan.route_bound = int32_t(kTile16MaxLength);
   if (p.workspace == nullptr || p.workspace_bytes < plan.total_bytes) {
     // the message only on the error path: nothing is built or allocated on a call that runs
-    const std::string unsupported_by_tiles = prefill::fused_unsupported(p);
+    const char* unsupported_by_tiles = prefill::fused_unsupported(p);
     const std::string why =
         forced == PrefillPath::kChunked ? std::string(": KDAKIT_PREFILL_PATH=chunked")
         : routed
             ? " unless no sequence is past " + std::to_string(kTile16MaxLength) + " tokens, which only the device knows"
-        : !unsupported_by_tiles.empty() ? ", the fused kernel does not take " + unsupported_by_tiles
+        : unsupported_by_tiles != nullptr ? ", the fused kernel does not take " + std::string(unsupported_by_tiles)
                                         : std::string(", by its lengths");
     return Status(StatusCode::kInvalidArgument,
                   "workspace: expected at least " + std::to_string(plan.total_bytes) + " bytes, got " +

@@ -17,7 +17,7 @@ bool tma_rows(const void* ptr, int64_t sb, int64_t st, int64_t sh, bool packed) 
 
 }  // namespace
 
-std::string fused_unsupported(const PrefillParams& p) {
+const char* fused_unsupported(const PrefillParams& p) {
   const bool packed = p.cu_seqlens != nullptr;
   if (p.head_dim_k != kHeadDim || p.head_dim_v != kHeadDim)
     return "head dims other than K = V = 128";
@@ -42,7 +42,7 @@ std::string fused_unsupported(const PrefillParams& p) {
     return "bfloat16 g rows that are not 16-byte aligned (TMA)";
   if (p.seqlen >= (int64_t(1) << 30) || p.num_seqs >= (int64_t(1) << 30))
     return "T or N of 2^30 or more";
-  return {};
+  return nullptr;
 }
 
 }  // namespace kdakit::sm90::prefill

@@ -12,10 +12,13 @@
 
 namespace kdakit::sm90::prefill {
 
-// Empty when the fused kernel takes `p`; otherwise what it does not support (the dispatcher
-// then takes the two-kernel path). Needs K = V = 128, bf16 q/k/v, g and beta bf16 or fp32, fp32
-// or bf16 state, q/k/v (and bf16 per-channel g) rows 16-byte aligned (TMA).
-std::string fused_unsupported(const PrefillParams& p);
+// nullptr when the fused kernel (and the tile kernel, which takes the same calls) takes `p`;
+// otherwise what it does not support, a static string (the dispatcher then takes the two-kernel
+// path). Needs K = V = 128, bf16 q/k/v, g and beta bf16 or fp32, fp32 or bf16 state, q/k/v (and
+// bf16 per-channel g) rows 16-byte aligned (TMA).
+// NOTE: a static string, not a std::string: the dispatcher asks on every call, and a call the
+// tiles do not take would otherwise build (heap-allocate) the message each time on the run path.
+const char* fused_unsupported(const PrefillParams& p);
 
 // Consumer warpgroups per CTA: 2 (a CTA per (sequence, head)) once the pairs cover half the SMs,
 // else 1 (two CTAs per pair, one per value half).
