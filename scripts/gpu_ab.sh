@@ -3,7 +3,8 @@
 # second staged build in the same call (kdakit alone, alternating rounds), a short table last.
 # Stage both here first (scripts/gpu_stage.sh; the second from a worktree of main with
 # KDAKIT_STAGE_NAME=main) and carry .carry/gpu.tar.xz, .carry/main.tar.xz and this script.
-# Usage: scripts/gpu_ab.sh [rounds (2)] [bench cases (the rows below)]
+# Usage: scripts/gpu_ab.sh [rounds (2)] [bench cases (the rows below)]; KDAKIT_AB_NCU=1 adds a
+# profile of both builds' prep kernel (below).
 # Logs go to $OUT/logs.tar.gz, the table to $OUT/summary.txt.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -38,6 +39,18 @@ for r in $(seq 1 "$rounds"); do
     echo "bench $v r$r rc=$?" | tee -a "$summary"
   done
 done
+# KDAKIT_AB_NCU=1: Nsight Compute's per-instruction counters of the prep kernel (H96 fixed, one
+# launch) for both builds, as source CSVs in the logs tarball, for tools/sass_lines.py here.
+if [ "${KDAKIT_AB_NCU:-0}" = 1 ]; then
+  for v in main gpu; do
+    timeout 150 ncu -k regex:kda_prefill_prep --launch-skip 1 --launch-count 1 --set full --import-source yes \
+      -o "$logs/ncu_$v" ".carry/$v/bin/prefill_prep_timing" 1 H96_fixed >"$logs/ncu_$v.log" 2>&1
+    echo "ncu $v rc=$?" | tee -a "$summary"
+    ncu -i "$logs/ncu_$v.ncu-rep" --page source --csv --print-source sass 2>/dev/null | xz -T4 >"$logs/src_$v.csv.xz"
+    ncu -i "$logs/ncu_$v.ncu-rep" --page details --csv >"$logs/details_$v.csv" 2>&1
+    rm -f "$logs/ncu_$v.ncu-rep"
+  done
+fi
 tar -C "$out" -czf "$out/logs.tar.gz" logs && rm -rf "$logs"
 echo "=== kdakit ms per round (main | this build)"
 python3 - "$out" "$rounds" <<'PY' | tee -a "$summary"
