@@ -319,8 +319,8 @@ __global__ void __launch_bounds__(kThreads, 2) kda_prefill_prep_sm90_kernel(cons
   // lane (rq, co) = (lane / 16, lane % 16) rows 8 w + 4 rq .. + 3, channels 8 co .. 8 co + 7.
   // NOTE: so a warp's rows lie in one sub-block (its B^(R') copies below are one warp-uniform
   // branch, not a loop that every warp ran with the lanes of other sub-blocks masked off), a row
-  // is one warp (the q/k norms are warp sums: no partial sums through shared memory and no
-  // barrier), and a quarter-warp's 16-byte accesses are one row's 128 contiguous bytes.
+  // lies in 16 lanes of one warp (the q/k norms are sums over them: no partial sums through shared
+  // memory and no barrier), and a quarter-warp's 16-byte accesses are one row's 128 contiguous bytes.
   const int rq = lane >> 4, co = lane & 15;
   const int r0 = kSubBlock / 2 * warp + kRowsPerThread * rq;  // first of the thread's 4 rows
   const int R = warp >> 1;                                     // their sub-block
