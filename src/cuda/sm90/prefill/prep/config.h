@@ -212,13 +212,12 @@ struct PrepParams {
   int32_t seqlen;
   int32_t chunks_per_row;
   int32_t num_v_heads;
-  int32_t v_heads_per_qk_head;  // HV / H
   // NOTE: the CTA's (chunk, head) and its batch row and q/k head come from three divisions by
   // these; as launch-time divisors (multiply-high and shift) they are ~60 instructions a warp
   // fewer, ahead of the first loads.
   kdakit::cuda::FastDiv div_v_heads;          // by num_v_heads
   kdakit::cuda::FastDiv div_chunks_per_row;   // by chunks_per_row (1 when packed)
-  kdakit::cuda::FastDiv div_v_heads_per_qk;   // by v_heads_per_qk_head
+  kdakit::cuda::FastDiv div_v_heads_per_qk;   // by HV / H (value heads per q/k head)
   bool packed;                  // cu_seqlens given: every sequence lies in batch row 0
   bool beta_fp32;
   bool scalar_gate;

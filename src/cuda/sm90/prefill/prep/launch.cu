@@ -55,6 +55,11 @@ Status launch_prefill_prep(const PrefillParams& p, const WorkspacePlan& w, void*
                "prefill prep: dt_bias must be 16-byte aligned");
 
   auto* base = static_cast<unsigned char*>(workspace);
+  const bool packed = p.cu_seqlens != nullptr;
+  // a fixed batch's chunks per row (1 when packed: the divisor is then unused) and the value
+  // heads per q/k head (the contract checks have made both at least 1)
+  const int32_t chunks_per_row = packed ? 0 : int32_t((p.seqlen + kChunk - 1) / kChunk);
+  const int32_t v_per_qk = p.num_v_heads / std::max(p.num_qk_heads, 1);
   const prep::PrepParams params{
       .q = p.q,
       .k = p.k,
@@ -74,15 +79,13 @@ Status launch_prefill_prep(const PrefillParams& p, const WorkspacePlan& w, void*
       .seq_len = reinterpret_cast<const int32_t*>(base + w.seq_len_offset),
       .chunk_blocks = base + w.chunk_blocks_offset,
       .num_seqs = int32_t(w.num_seqs),
-      .seqlen = p.cu_seqlens != nullptr ? 0 : int32_t(p.seqlen),
-      .chunks_per_row = p.cu_seqlens != nullptr ? 0 : int32_t((p.seqlen + kChunk - 1) / kChunk),
+      .seqlen = packed ? 0 : int32_t(p.seqlen),
+      .chunks_per_row = chunks_per_row,
       .num_v_heads = p.num_v_heads,
-      .v_heads_per_qk_head = p.num_v_heads / p.num_qk_heads,
       .div_v_heads = kdakit::cuda::make_fast_div(uint32_t(std::max(p.num_v_heads, 1))),
-      .div_chunks_per_row = kdakit::cuda::make_fast_div(
-          p.cu_seqlens != nullptr ? 1u : uint32_t(std::max<int64_t>((p.seqlen + kChunk - 1) / kChunk, 1))),
-      .div_v_heads_per_qk = kdakit::cuda::make_fast_div(uint32_t(std::max(p.num_v_heads / std::max(p.num_qk_heads, 1), 1))),
-      .packed = p.cu_seqlens != nullptr,
+      .div_chunks_per_row = kdakit::cuda::make_fast_div(uint32_t(std::max(chunks_per_row, 1))),
+      .div_v_heads_per_qk = kdakit::cuda::make_fast_div(uint32_t(std::max(v_per_qk, 1))),
+      .packed = packed,
       .beta_fp32 = p.dtype_beta == DType::kFloat32,
       .scalar_gate = p.scalar_gate,
       .use_qk_l2norm = p.use_qk_l2norm,
