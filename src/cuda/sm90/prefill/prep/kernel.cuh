@@ -42,8 +42,9 @@
 //      shape. M's A operand is A^M as bf16 hi + lo (its lo tile in V's space, V loaded after this
 //      phase): the rounding of A^M was the largest single share of the output error on
 //      lower-bound gates (tools/chunked_rounding_model.py).
-//   3. L to shared fp32 (masked); M straight to the block as bf16 when the CTA has no
-//      wide-span channel, else to shared fp32, its per-element terms added, then to the block.
+//   3. L to shared fp32 (masked); M straight to the block as bf16, except, when the CTA has a
+//      wide-span channel, its diagonal tiles: to shared fp32, their per-element terms added,
+//      then to the block.
 //   4. T on tensor cores (config.h): warps 0-3 invert their diagonal 16 x 16 block in registers
 //      by repeated squaring, then warps 1-3 compute their row of off-diagonal blocks right to
 //      left (three-pass bf16 products); every block of T diag(beta) goes to bf16 hi/lo tiles.
@@ -190,14 +191,14 @@ __device__ __forceinline__ void lm_segment_products(float (&acc)[4][4], const Lm
   }
 }
 
-// The segment from acc to its fp32 [64][kLdF] matrix (L: Lf, strictly lower; M: Mf, with its
-// diagonal). Only the tiles left of the diagonal and the diagonal tiles exist: L's blocks above
-// the diagonal are never read, M's are written as zeros later.
-// With m_block (no wide-span channel in the CTA, so M needs no per-element terms), M's tiles go
-// straight to the block as bf16 instead of through Mf.
+// The segment from acc to L's fp32 [64][kLdF] matrix Lf (strictly lower) or, for M (with its
+// diagonal), straight to the block as bf16 (m_block). Only the tiles left of the diagonal and the
+// diagonal tiles exist: L's blocks above the diagonal are never read, M's are written as zeros.
+// With m_diag_f32 (a wide-span channel in the CTA), M's diagonal tiles, the only ones its
+// per-element terms touch, go to the fp32 matrix Mf instead, to be finished in phase 3.
 template <int kM, int kN>
 __device__ __forceinline__ void lm_segment_store(const float (&acc)[4][4], const LmSegment seg, float* Lf, float* Mf,
-                                                 unsigned char* m_block, int g, int t) {
+                                                 unsigned char* m_block, bool m_diag_f32, int g, int t) {
   constexpr bool kStrict = kM == 0;
   float* dst = kStrict ? Lf : Mf;
 #pragma unroll
@@ -208,11 +209,12 @@ __device__ __forceinline__ void lm_segment_store(const float (&acc)[4][4], const
       const int r = kSubBlock * seg.R + g + 8 * half;
       const int s = 8 * nt + 2 * t;
       float x0 = acc[i][2 * half], x1 = acc[i][2 * half + 1];
-      if ((nt >> 1) == seg.R) {  // diagonal tile: entries above it may be inf, so select
+      const bool diag = (nt >> 1) == seg.R;
+      if (diag) {  // diagonal tile: entries above it may be inf, so select
         x0 = (kStrict ? s < r : s <= r) ? x0 : 0.f;
         x1 = (kStrict ? s + 1 < r : s + 1 <= r) ? x1 : 0.f;
       }
-      if (!kStrict && m_block != nullptr) {
+      if (!kStrict && !(diag && m_diag_f32)) {
         *reinterpret_cast<uint32_t*>(m_block + size_t(r) * 128 + s * 2) = kdakit::cuda::pack_bf16x2(x0, x1);
       } else {
         *reinterpret_cast<float2*>(dst + r * SharedMemoryPlan::kLdF + s) = make_float2(x0, x1);
@@ -246,12 +248,12 @@ __device__ __forceinline__ void lm_products(float (&acc0)[4][4], float (&acc1)[4
 
 // Phase 3's start: the products of lm_products to Lf / Mf.
 __device__ __forceinline__ void lm_store(const float (&acc0)[4][4], const float (&acc1)[4][4], int warp, float* Lf,
-                                         float* Mf, unsigned char* m_block, int g, int t) {
+                                         float* Mf, unsigned char* m_block, bool m_diag_f32, int g, int t) {
   const LmSegment seg0 = lm_segment(warp, 0), seg1 = lm_segment(warp, 1);
   with_lm_shape(warp, [&](auto shape) {
     constexpr LmShape kSh = kLmShapes[decltype(shape)::value];
-    lm_segment_store<kSh.m0, kSh.n0>(acc0, seg0, Lf, Mf, m_block, g, t);
-    if constexpr (kSh.n1 > 0) lm_segment_store<kSh.m1, kSh.n1>(acc1, seg1, Lf, Mf, m_block, g, t);
+    lm_segment_store<kSh.m0, kSh.n0>(acc0, seg0, Lf, Mf, m_block, m_diag_f32, g, t);
+    if constexpr (kSh.n1 > 0) lm_segment_store<kSh.m1, kSh.n1>(acc1, seg1, Lf, Mf, m_block, m_diag_f32, g, t);
   });
 }
 
@@ -741,17 +743,19 @@ __global__ void __launch_bounds__(kThreads, 2) kda_prefill_prep_sm90_kernel(cons
   // ---- Phase 3: L, M to shared fp32; wide-span terms; M to the block ---------------------
   float* Lf = reinterpret_cast<float*>(smem + Plan::kLOffset);
   float* Tf = reinterpret_cast<float*>(smem + Plan::kTOffset);  // M lives in the T space until it is stored
-  // NOTE: without wide-span channels (every CTA of a lower-bound gate, most of the others) M
-  // leaves from the accumulators as bf16, and its six blocks above the diagonal as zeros: no
-  // fp32 round trip through shared memory, no conversion pass, one barrier less.
+  // NOTE: M leaves from the accumulators as bf16, and its six blocks above the diagonal as zeros:
+  // no fp32 round trip through shared memory. Without wide-span channels (every CTA of a
+  // lower-bound gate, most of the others) that is all of it, with no conversion pass and one
+  // barrier less; with them only the four diagonal tiles, which their per-element terms touch,
+  // take the fp32 round trip (all ten did before session 23).
   uint32_t any_wide = 0;
 #pragma unroll
   for (int i = 0; i < kSubBlocks; ++i) {  // the first mask: every wide channel
     const uint4 m4 = reinterpret_cast<const uint4*>(mask)[i];
     any_wide |= m4.x | m4.y | m4.z | m4.w;
   }
-  lm_store(acc0, acc1, warp, Lf, Tf, any_wide == 0u ? blk + Layout::kMOffset : nullptr, g, t);
-  if (any_wide == 0u && tid < 6 * 2 * kSubBlock) {  // blocks (R, S > R): 6 x 16 rows x 2 16-byte halves
+  lm_store(acc0, acc1, warp, Lf, Tf, blk + Layout::kMOffset, any_wide != 0u, g, t);
+  if (tid < 6 * 2 * kSubBlock) {  // blocks (R, S > R): 6 x 16 rows x 2 16-byte halves
     const int b = tid >> 5, rr = (tid >> 1) & 15, hh = tid & 1;
     const int R = b < 3 ? 0 : b < 5 ? 1 : 2, S = b < 3 ? b + 1 : b < 5 ? b - 1 : 3;
     *reinterpret_cast<uint4*>(blk + Layout::kMOffset + size_t(kSubBlock * R + rr) * 128 + (kSubBlock * S + 8 * hh) * 2) =
@@ -809,16 +813,12 @@ __global__ void __launch_bounds__(kThreads, 2) kda_prefill_prep_sm90_kernel(cons
       Tf[r * Plan::kLdF + s] += dm;
     }
     __syncthreads();
-#pragma unroll
-    for (int u = 0; u < kChunk * 16 / kThreads; ++u) {  // M: 64 rows x 16 quads of 4 bf16
-      // NOTE: one float4 per lane, 16 lanes per row: a quarter-warp reads 128 contiguous bytes of
-      // one row, conflict-free (8 floats per lane, at 32-byte steps, were 2-way conflicts).
-      const int c = tid + u * kThreads;
-      const int r = c >> 4, q4 = c & 15;
-      // columns past the row's diagonal tile are zeros (phase 2 does not compute them)
-      const float4 x = q4 < 4 * (r / kSubBlock + 1) ? *reinterpret_cast<const float4*>(Tf + r * Plan::kLdF + q4 * 4)
-                                                     : make_float4(0.f, 0.f, 0.f, 0.f);
-      *reinterpret_cast<uint2*>(blk + Layout::kMOffset + size_t(r) * 128 + q4 * 8) =
+    {  // M's diagonal tiles: 64 rows x 4 quads of 4 bf16, one float4 per thread
+      // NOTE: a quarter-warp's 8 lanes take one quad of 8 consecutive rows: rows are 16 bytes
+      // apart mod 128 (kLdF), so conflict-free (4 lanes on one row's 64 bytes were 2-way).
+      const int r = (tid & 7) + 8 * (tid >> 5), col = kSubBlock * (r / kSubBlock) + 4 * ((tid >> 3) & 3);
+      const float4 x = *reinterpret_cast<const float4*>(Tf + r * Plan::kLdF + col);
+      *reinterpret_cast<uint2*>(blk + Layout::kMOffset + size_t(r) * 128 + col * 2) =
           make_uint2(kdakit::cuda::pack_bf16x2(x.x, x.y), kdakit::cuda::pack_bf16x2(x.z, x.w));
     }
     __syncthreads();
