@@ -168,23 +168,33 @@ __device__ __forceinline__ void lm_segment_products(float (&acc)[4][4], const Lm
                                                     int lane) {
   using Plan = SharedMemoryPlan;
   static_assert(kN >= 1 && kN <= 4, "a segment is 1 to 4 tiles");
-  const unsigned char* a_base = smem + (kM != 0 ? Plan::kQaOffset : Plan::kKaOffset);
-  const unsigned char* a_lo_base = smem + Plan::kAmLoOffset;
-  const unsigned char* b_base = smem + Plan::kKbOffset;
-  const int a_row = kSubBlock * seg.R + (lane & 15);
-  const int b_row = kb_row_offset(seg.R) + 8 * seg.nt0 + (lane & 7);
+  const uint32_t s0 = kdakit::cuda::smem_u32(smem);
+  const uint32_t a_base = s0 + uint32_t(kM != 0 ? Plan::kQaOffset : Plan::kKaOffset);
+  const uint32_t a_lo_base = s0 + uint32_t(Plan::kAmLoOffset);
+  const uint32_t b_base = s0 + uint32_t(Plan::kKbOffset);
+  static_assert(Plan::kQaOffset % 256 == 0 && Plan::kKaOffset % 256 == 0 && Plan::kAmLoOffset % 256 == 0 &&
+                    Plan::kKbOffset % 256 == 0,
+                "the k-step offsets below are XORs within 256-byte rows of 256-byte-aligned tiles");
+  // NOTE: chunk 2 ks + c of row r is at swz(r, c) ^ (ks << 5): the row's XOR key acts on the
+  // chunk's low three bits, and 2 ks and c have disjoint bits. So each operand's offset is formed
+  // once, and a k-step costs one XOR per ldmatrix (the tile base is added by the ldmatrix's
+  // register + uniform-register address) instead of a key XOR, a shift and an add.
+  const uint32_t a_off = swz(kSubBlock * seg.R + (lane & 15), lane >> 4);
+  uint32_t b_off[kN];
+#pragma unroll
+  for (int i = 0; i < kN; ++i) b_off[i] = swz(kb_row_offset(seg.R) + 8 * seg.nt0 + 8 * i + (lane & 7), (lane >> 3) & 1);
   // NOTE: unrolled by 2, not 8: the four shape copies of 8 k-steps were ~500 instructions more
   // (code size, the header's NOTE); the k-steps' order, and so the sums, are unchanged.
 #pragma unroll 2
   for (int ks = 0; ks < kHeadDim / 16; ++ks) {
     uint32_t a[4], l[4];
-    const uint32_t off = swz(a_row, 2 * ks + (lane >> 4));
-    kdakit::cuda::ldmatrix_x4(a, kdakit::cuda::smem_u32(a_base + off));
-    if constexpr (kM != 0) kdakit::cuda::ldmatrix_x4(l, kdakit::cuda::smem_u32(a_lo_base + off));
+    const uint32_t step = uint32_t(ks) << 5;
+    kdakit::cuda::ldmatrix_x4(a, a_base + (a_off ^ step));
+    if constexpr (kM != 0) kdakit::cuda::ldmatrix_x4(l, a_lo_base + (a_off ^ step));
 #pragma unroll
     for (int i = 0; i < kN; ++i) {
       uint32_t b[2];
-      kdakit::cuda::ldmatrix_x2(b, kdakit::cuda::smem_u32(b_base + swz(b_row + 8 * i, 2 * ks + ((lane >> 3) & 1))));
+      kdakit::cuda::ldmatrix_x2(b, b_base + (b_off[i] ^ step));
       if constexpr (kM != 0) kdakit::cuda::mma_bf16_16816(acc[i], l, b[0], b[1]);
       kdakit::cuda::mma_bf16_16816(acc[i], a, b[0], b[1]);
     }
