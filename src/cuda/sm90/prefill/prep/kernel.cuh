@@ -549,6 +549,10 @@ __global__ void __launch_bounds__(kThreads, 2) kda_prefill_prep_sm90_kernel(cons
   // q/k row norms: the thread's 8 channels of its 4 rows, then sums over the 16 lanes of each
   // row group by a transposed butterfly (8 values, 8 shuffles): lane co ends with the sum of
   // value co / 2 = 2 j + (0: q, 1: k).
+  // NOTE: the __syncwarp tells the compiler that the warp is converged after the classification's
+  // branches; without it every shuffle below also got a divergent-warp fallback (~150 SASS
+  // instructions past the exit, never run, counted by the code-size budget).
+  __syncwarp();
   {
     float v[8];
 #pragma unroll
