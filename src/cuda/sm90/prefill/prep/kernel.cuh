@@ -67,8 +67,8 @@
 // loops (the inverse's squaring steps, phase 2's k-steps by 2, phase 5's halves, the wide-span
 // loop by 2) took it to 6,520 and their prep 7% faster, the lower-bound rows unchanged (session
 // 14). The ctest prefill_prep_code_size (tests/cpp/prefill/prep) fails past 6,600 for the
-// lower-bound, bf16-g instantiation (6,240 now, session 22); the softplus ones run ~190 instructions
-// larger.
+// lower-bound, bf16-g instantiation (6,136 now, session 23); the softplus ones run ~24 instructions
+// larger (~190 before their gate lost its select, session 23).
 #pragma once
 
 #include <cuda_bf16.h>
