@@ -106,9 +106,19 @@ using common::tc_offdiag_blocks;
 // NOTE: the XOR key (row ^ row / 4) mod 8 is a bijection on any 8 aligned rows (ldmatrix
 // reads 8 consecutive rows at one logical chunk), so those hit 8 distinct bank groups; the
 // elementwise phase's quarter-warps access 8 distinct chunks of one row.
-__device__ __forceinline__ uint32_t swz(int row, int chunk) {
+__host__ __device__ constexpr uint32_t swz(int row, int chunk) {
   return uint32_t(row) * 256u + (uint32_t(chunk ^ ((row ^ (row >> 2)) & 7)) << 4);
 }
+// Phase 2 forms each k-step's offset as swz(row, c) ^ (ks << 5) (lm_segment_products): checked
+// here for every row of the kB tile (the largest) and both lane halves.
+constexpr bool swz_k_steps_are_xors() {
+  for (int row = 0; row < kKbRows; ++row)
+    for (int c = 0; c < 2; ++c)
+      for (int ks = 0; ks < kHeadDim / 16; ++ks)
+        if (swz(row, 2 * ks + c) != (swz(row, c) ^ (uint32_t(ks) << 5))) return false;
+  return true;
+}
+static_assert(swz_k_steps_are_xors(), "phase 2's k-step offsets must equal the swizzle");
 
 // Offset of element e (0..7) of a lane's 8 channels in the per-channel fp32 vectors, from the
 // lane's base 4 co (the kernel's NOTE at the phase 1 mapping).
@@ -830,6 +840,7 @@ __global__ void __launch_bounds__(kThreads, 2) kda_prefill_prep_sm90_kernel(cons
     {  // M's diagonal tiles: 64 rows x 4 quads of 4 bf16, one float4 per thread
       // NOTE: a quarter-warp's 8 lanes take one quad of 8 consecutive rows: rows are 16 bytes
       // apart mod 128 (kLdF), so conflict-free (4 lanes on one row's 64 bytes were 2-way).
+      static_assert(kThreads == kChunk * 4, "one thread per (row, quad) of the diagonal tiles");
       const int r = (tid & 7) + 8 * (tid >> 5), col = kSubBlock * (r / kSubBlock) + 4 * ((tid >> 3) & 3);
       const float4 x = *reinterpret_cast<const float4*>(Tf + r * Plan::kLdF + col);
       *reinterpret_cast<uint2*>(blk + Layout::kMOffset + size_t(r) * 128 + col * 2) =
