@@ -124,6 +124,19 @@ static_assert(swz_k_steps_are_xors(), "phase 2's k-step offsets must equal the s
 // lane's base 4 co (the kernel's NOTE at the phase 1 mapping).
 __host__ __device__ constexpr int vo(int e) { return e < 4 ? e : kHeadDim / 2 + e - 4; }
 
+// A thread's 8 channel values to, and added from, a per-channel fp32 vector in that layout (p: the
+// vector plus 4 co): two float4 accesses.
+__device__ __forceinline__ void store_vo8(float* p, const float (&x)[8]) {
+  *reinterpret_cast<float4*>(p) = make_float4(x[0], x[1], x[2], x[3]);
+  *reinterpret_cast<float4*>(p + vo(4)) = make_float4(x[4], x[5], x[6], x[7]);
+}
+__device__ __forceinline__ void add_vo8(float (&acc)[8], const float* p) {
+  const float4 lo = *reinterpret_cast<const float4*>(p);
+  const float4 hi = *reinterpret_cast<const float4*>(p + vo(4));
+  acc[0] += lo.x, acc[1] += lo.y, acc[2] += lo.z, acc[3] += lo.w;
+  acc[4] += hi.x, acc[5] += hi.y, acc[6] += hi.z, acc[7] += hi.w;
+}
+
 __device__ __forceinline__ void unpack8(const uint4& raw, float (&out)[8]) {
   const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&raw);
 #pragma unroll
@@ -453,11 +466,7 @@ __global__ void __launch_bounds__(kThreads, 2) kda_prefill_prep_sm90_kernel(cons
     for (int j = 0; j < kRowsPerThread; ++j) b2[j][e] += add;
   }
   float* warp_total = reinterpret_cast<float*>(smem + Plan::kWarpTotalOffset);  // [8 warps][128]: 8-row totals
-  if (rq == 1) {
-    float* dst = warp_total + warp * kHeadDim + cv;
-    *reinterpret_cast<float4*>(dst) = make_float4(b2[3][0], b2[3][1], b2[3][2], b2[3][3]);
-    *reinterpret_cast<float4*>(dst + vo(4)) = make_float4(b2[3][4], b2[3][5], b2[3][6], b2[3][7]);
-  }
+  if (rq == 1) store_vo8(warp_total + warp * kHeadDim + cv, b2[3]);
   if (tid < kHeadDim / 4) {  // row 0: c_{-1} = 0
     reinterpret_cast<float4*>(bound)[tid] = make_float4(0.f, 0.f, 0.f, 0.f);
   }
@@ -475,20 +484,10 @@ __global__ void __launch_bounds__(kThreads, 2) kda_prefill_prep_sm90_kernel(cons
 #pragma unroll
     for (int e = 0; e < 8; ++e) pre[e] = 0.f;
 #pragma unroll 1
-    for (int w2 = 0; w2 < 2 * R; ++w2) {
-      const float4 lo = *reinterpret_cast<const float4*>(warp_total + w2 * kHeadDim + cv);
-      const float4 hi = *reinterpret_cast<const float4*>(warp_total + w2 * kHeadDim + cv + vo(4));
-      pre[0] += lo.x, pre[1] += lo.y, pre[2] += lo.z, pre[3] += lo.w;
-      pre[4] += hi.x, pre[5] += hi.y, pre[6] += hi.z, pre[7] += hi.w;
-    }
+    for (int w2 = 0; w2 < 2 * R; ++w2) add_vo8(pre, warp_total + w2 * kHeadDim + cv);
 #pragma unroll
     for (int e = 0; e < 8; ++e) c_prev[e] = pre[e];
-    if (warp & 1) {
-      const float4 lo = *reinterpret_cast<const float4*>(warp_total + (warp - 1) * kHeadDim + cv);
-      const float4 hi = *reinterpret_cast<const float4*>(warp_total + (warp - 1) * kHeadDim + cv + vo(4));
-      pre[0] += lo.x, pre[1] += lo.y, pre[2] += lo.z, pre[3] += lo.w;
-      pre[4] += hi.x, pre[5] += hi.y, pre[6] += hi.z, pre[7] += hi.w;
-    }
+    if (warp & 1) add_vo8(pre, warp_total + (warp - 1) * kHeadDim + cv);
 #pragma unroll
     for (int j = 0; j < kRowsPerThread; ++j) {
 #pragma unroll
@@ -520,12 +519,8 @@ __global__ void __launch_bounds__(kThreads, 2) kda_prefill_prep_sm90_kernel(cons
         back |= uint32_t(steep) << e;
       }
       if (act) {
-        float* dst = bound + (R + 1) * kHeadDim + cv;
-        *reinterpret_cast<float4*>(dst) = make_float4(b2[3][0], b2[3][1], b2[3][2], b2[3][3]);
-        *reinterpret_cast<float4*>(dst + vo(4)) = make_float4(b2[3][4], b2[3][5], b2[3][6], b2[3][7]);
-        float* mdst = half_bound + R * kHeadDim + cv;
-        *reinterpret_cast<float4*>(mdst) = make_float4(m[0], m[1], m[2], m[3]);
-        *reinterpret_cast<float4*>(mdst + vo(4)) = make_float4(m[4], m[5], m[6], m[7]);
+        store_vo8(bound + (R + 1) * kHeadDim + cv, b2[3]);
+        store_vo8(half_bound + R * kHeadDim + cv, m);
         uint8_t* mask_bytes = reinterpret_cast<uint8_t*>(mask);
         mask_bytes[R * 16 + co] = uint8_t(front | back);
         mask_bytes[kSubBlocks * 16 + R * 16 + co] = uint8_t(back);
