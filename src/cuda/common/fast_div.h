@@ -24,7 +24,7 @@ struct FastDiv {
   uint32_t shift = 0;  // l
 };
 
-// d >= 1.
+// 1 <= d <= 2^31 (a larger d would need a shift of 32, which fast_div cannot apply).
 inline FastDiv make_fast_div(uint32_t d) {
   uint32_t l = 0;
   while ((uint64_t{1} << l) < d) ++l;
