@@ -49,8 +49,16 @@ __device__ __forceinline__ uint64_t m_desc(uint32_t m_base, int ks) {
 // kSummary: the summary pass of segmented prefill, as in kernel.cuh: CTA z < kSlices runs value
 // slice z from a zero state (Psi), z >= kSlices key rows of Phi from the identity with U0 = 0;
 // neither writes o, chunk states or the final state, and both skip Qt's and M's products.
+// At 64 value rows a fifth warp issues the stage refills (kProducerWarp; registers allow it:
+// 160 threads x 255): a refill is then issued as soon as the stage is free and is off the
+// warpgroup's chain. At 128 rows a ninth warp would leave ~227 registers per thread.
+template <int kValueRows>
+constexpr bool kProducerWarp = kValueRows == 64;
+template <int kValueRows>
+constexpr int kCtaThreads = kValueRows * 2 + (kProducerWarp<kValueRows> ? 32 : 0);
+
 template <int kValueRows, bool kSummary>
-__global__ void __launch_bounds__(kValueRows * 2, 1)
+__global__ void __launch_bounds__(kCtaThreads<kValueRows>, 1)
     kda_prefill_recurrence_wgmma_sm90_kernel(const __grid_constant__ KernelParams p, const __grid_constant__ TmaParams tma) {
   using Cfg = Config<kValueRows>;
   using Smem = typename Cfg::SharedMemoryPlan;
@@ -94,9 +102,21 @@ __global__ void __launch_bounds__(kValueRows * 2, 1)
   auto issue_chunk = [&](int j) {
     issue_chunk_at<Smem, kStages, !kSummary>(smem, full, tma, p, chunk_begin + j_begin, h, v0, j, !phi_run);
   };
-  const bool is_issuer = threadIdx.x == 0;
+  constexpr bool kProducer = kProducerWarp<kValueRows>;
+  const bool is_issuer = threadIdx.x == (kProducer ? Cfg::kThreads : 0);
   if (is_issuer)
     issue_first_chunks<Smem, kStages, !kSummary>(smem, full, tma, p, chunk_begin + j_begin, h, v0, num_chunks, !phi_run);
+  if constexpr (kProducer) {
+    if (threadIdx.x >= Cfg::kThreads) {  // the producer warp: refills only
+      if (is_issuer) {
+        for (int jr = 0; jr + kStages < num_chunks; ++jr) {
+          ptx::mbarrier_wait(&empty[jr % kStages], (jr / kStages) & 1);
+          issue_chunk(jr + kStages);
+        }
+      }
+      return;
+    }
+  }
 
   const int g = lane / 4, t = lane % 4;
   const int vslice = 64 * wg + 16 * (warp % 4) + g;  // value row of c0/c1 within the CTA's slice
@@ -130,20 +150,12 @@ __global__ void __launch_bounds__(kValueRows * 2, 1)
   const bool write_chunk_states = !kSummary && chunks_per_state > 0;
   const int64_t chunk_state_base = write_chunk_states ? common::chunk_state_base_of(p, n, lane) : 0;
 
-  for (int j = 0; j < num_chunks; ++j) {
-    const int jg = j_begin + j;
-    if (write_chunk_states) store_chunk_state(state4, p, chunk_state_base, jg, chunks_per_state, h, vrow, t);
-
-    const int s = j % kStages;
-    ptx::mbarrier_wait(&full[s], (j / kStages) & 1);
-    const uint8_t* stage = smem + s * Smem::kStageBytes;
-    const uint32_t qwk_base = ptx::smem_addr(stage + Smem::kQwkOffset);
-    const uint32_t m_base = ptx::smem_addr(stage + Smem::kMOffset);
-    const uint8_t* u0 = stage + Smem::kU0Offset;
-    const float* decay = reinterpret_cast<const float*>(stage + Smem::kDecayOffset);
-
-    // ---- accU = U0^T (value rows x tokens, the m64n64 accumulator layout), accO = 0
-    float accU[32], accO[32];
+  // accU = U0^T of chunk j (value rows x tokens, the m64n64 accumulator layout), from its
+  // landed stage. NOTE: chunk j + 1's stage is waited for while chunk j's state products run,
+  // off the chain between the two chunks.
+  float accU[32];
+  auto load_u0 = [&](int j) {
+    const uint8_t* u0 = smem + (j % kStages) * Smem::kStageBytes + Smem::kU0Offset;
 #pragma unroll
     for (int nt = 0; nt < 8; ++nt) {
 #pragma unroll
@@ -153,6 +165,20 @@ __global__ void __launch_bounds__(kValueRows * 2, 1)
         accU[4 * nt + 2 * hr + 1] = phi_run ? 0.f : *reinterpret_cast<const float*>(row + u0_off[hr][1]);
       }
     }
+  };
+  if (num_chunks > 0) ptx::mbarrier_wait(&full[0], 0);
+
+  for (int j = 0; j < num_chunks; ++j) {
+    const int jg = j_begin + j;
+    if (write_chunk_states) store_chunk_state(state4, p, chunk_state_base, jg, chunks_per_state, h, vrow, t);
+
+    const int s = j % kStages;  // landed: waited for before the loop or in the previous chunk
+    const uint8_t* stage = smem + s * Smem::kStageBytes;
+    const uint32_t qwk_base = ptx::smem_addr(stage + Smem::kQwkOffset);
+    const uint32_t m_base = ptx::smem_addr(stage + Smem::kMOffset);
+    const float* decay = reinterpret_cast<const float*>(stage + Smem::kDecayOffset);
+    float accO[32];
+    load_u0(j);
 
     // ---- S0 as bf16 hi + lo A fragments of all 128 key channels (k-step kk)
     uint32_t sa[8][4], sl[8][4];
@@ -180,6 +206,8 @@ __global__ void __launch_bounds__(kValueRows * 2, 1)
         common::gmma_rs<common::OpRS64>(sl[kk], qwk_desc_k<kHalfBytes>(qwk_base, 0, kk), accO, true);
       }
       ptx::wgmma_commit();
+    }
+    if constexpr (!kSummary) {
       ptx::wgmma_wait<1>();
     } else {
       ptx::wgmma_wait<0>();
@@ -226,15 +254,24 @@ __global__ void __launch_bounds__(kValueRows * 2, 1)
       common::store_o_tile(accO, o_seq + int64_t(jg) * kChunk * p.stride_o_t, p.stride_o_t,
                            min(kChunk, seq_len - jg * kChunk), p.o_pairs, g, t);
     }
+    if (j + 1 < num_chunks) ptx::mbarrier_wait(&full[(j + 1) % kStages], ((j + 1) / kStages) & 1);
     ptx::wgmma_wait<0>();
     ptx::fence_operands(state);
 
-    // Every read of this stage is done (the wgmma reads completed at the wait above): release it
-    // (one arrival per thread, init_pipeline).
+    // Every read of this stage is done (the wgmma reads completed at the wait above, the shared
+    // loads' values are in registers): release it (one arrival per thread, init_pipeline).
+    // NOTE: no proxy fence before the refill: the stage's generic-proxy reads are complete
+    // before the arrival, and the empty barrier orders them before the TMA writes (as CUTLASS's
+    // TMA pipelines do). fence.proxy.async compiled to MEMBAR.ALL.CTA, which made the issuing
+    // thread wait for the output's global stores.
+    // NOTE: the refill is issued here, as early as the stage is free, although it is on the
+    // warpgroup's chain (warp 0 issues it before the next chunk's products): issued under the next
+    // chunk's U products instead (session 24) the chain was shorter, 7-12% faster per chunk with
+    // one or two CTAs on the GPU, but with every SM busy the later loads cost more (H64 fixed
+    // +5%, H4 T = 32K +4.6%): at 96 CTAs the next chunk's U0 wait was 13% of the stall samples.
     ptx::mbarrier_arrive(&empty[s]);
-    if (is_issuer && j + kStages < num_chunks) {
+    if (!kProducer && is_issuer && j + kStages < num_chunks) {
       ptx::mbarrier_wait(&empty[s], (j / kStages) & 1);
-      ptx::fence_proxy_async_shared();
       issue_chunk(j + kStages);
     }
   }
@@ -275,7 +312,7 @@ Status launch_wgmma(const KernelParams& kp, const TmaParams& tma, int64_t num_ct
     return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(Smem::kAllocBytes));
   });
   if (err != cudaSuccess) return cuda_status(err, "cudaFuncSetAttribute(wgmma)", __LINE__);
-  kernel<<<dim3(unsigned(num_ctas)), kValueRows * 2, Smem::kAllocBytes, stream>>>(kp, tma);
+  kernel<<<dim3(unsigned(num_ctas)), kCtaThreads<kValueRows>, Smem::kAllocBytes, stream>>>(kp, tma);
   err = cudaGetLastError();
   if (err != cudaSuccess) return cuda_status(err, "kda_prefill_recurrence_wgmma_sm90_kernel launch", __LINE__);
   return Status::Ok();
