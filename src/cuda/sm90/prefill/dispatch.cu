@@ -161,13 +161,14 @@ prefill::SegmentChoice segment_choice(const PrefillParams& p) {
       prefill::choose_segments(p.batch, p.seqlen, p.num_seqs, packed, p.num_v_heads, current_num_sms());
   const ForcedSegments f = forced_segments();
   const bool model = f.set ? f.model : kSegmentsByDefault;
+  const auto whole = [&] {
+    return prefill::whole_sequences(p.batch, p.seqlen, p.num_seqs, packed, p.num_v_heads, current_num_sms());
+  };
   if (!model && !f.set) {
-    c.segment_chunks = 0;
-    c.rows = prefill::recurrence_value_rows(p.num_seqs, p.num_v_heads, current_num_sms());
+    c = whole();
   } else if (f.set && !f.model) {
     if (f.chunks == 0) {
-      c.segment_chunks = 0;
-      c.rows = prefill::recurrence_value_rows(p.num_seqs, p.num_v_heads, current_num_sms());
+      c = whole();
     } else {
       if (c.segment_chunks == 0) c.rows = 64, c.summary_rows = 128;
       c.segment_chunks = f.chunks;

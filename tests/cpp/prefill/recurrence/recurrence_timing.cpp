@@ -159,7 +159,7 @@ int main(int argc, char** argv) {
     };
     for (int rows : {16, 32, 64, 128})
       std::printf(" %9.3f", time_ms([&] { return launch_rows(rows, p, plan, ws, stream); }));
-    std::printf(" %7d", recurrence_value_rows(N, sh.HV, num_sms));
+    std::printf(" %7d", whole_sequences(p.batch, p.seqlen, N, p.cu_seqlens != nullptr, sh.HV, num_sms).rows);
 
     // ---- whole prefill and token-serial path on zero bf16 inputs
     const size_t tok = size_t(p.batch) * size_t(p.seqlen);

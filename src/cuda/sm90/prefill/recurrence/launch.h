@@ -1,7 +1,7 @@
 // Host entry of the chunk-serial prefill recurrence kernel: a plain C++ header (no CUDA
 // includes). The dispatcher (src/cuda/sm90/prefill/dispatch.cu) picks kValueRows with
-// recurrence_value_rows() and calls the matching instantiation after the plan and prep kernels
-// have filled the workspace.
+// choose_segments() (or whole_sequences()) and calls the matching instantiation after the plan
+// and prep kernels have filled the workspace.
 #pragma once
 
 #include <algorithm>
@@ -31,26 +31,28 @@ Status launch_prefill_summaries(const PrefillParams& p, const WorkspacePlan& pla
 Status launch_prefill_combine(const PrefillParams& p, const WorkspacePlan& plan, void* workspace,
                               cudaStream_t stream, bool whole = false);
 
-// Value rows per CTA: whole heads (one CTA per (sequence, head)) once the (sequence, head)
-// pairs cover half the SMs; fewer heads split V so that the CTAs still cover the SMs (each
-// CTA needs more than half an SM's shared memory, so one CTA runs per SM).
-constexpr int recurrence_value_rows(int64_t num_seqs, int32_t num_v_heads, int num_sms) {
-  const int64_t pairs = num_seqs * num_v_heads;
-  int rows = kHeadDim;
-  while (rows > 16 && pairs * (kHeadDim / (rows / 2)) <= num_sms) rows /= 2;
-  return rows;
-}
-static_assert(recurrence_value_rows(1, 96, 132) == 128, "H=96: one CTA per head");
-static_assert(recurrence_value_rows(1, 64, 132) == 64, "H=64: two V halves per head");
-static_assert(recurrence_value_rows(1, 4, 132) == 16, "few heads: 16 value rows per CTA");
-
-// ---- segments: the choice from a cost model of the H200 measurements -------------------------
-// NOTE: one CTA per SM at every value-row count (shared memory), and a chunk costs a CTA about
-// 2.1 / 2.2 / 2.4 / 3.9 us at 16 / 32 / 64 / 128 value rows (docs/design/20261129-prefill-
-// recurrence.md, H4-H96). A summary CTA skips the output's products and stores (~25% fewer
-// MMAs; charged 0.75 of a chunk). The combine pass costs about 2 us per segment in a sequence's
-// chain for fixed batches and is charged 7 us for packed ones (the NOTEs below), each extra
-// launch ~3 us.
+// ---- the recurrence's shape: whole sequences or segments, and value rows per CTA --------------
+// A cost model of H200 measurements: dispatch.cu takes choose_segments' answer, or
+// whole_sequences' when segments are forced off. One CTA runs per SM at every value-row count
+// (shared memory), so a pass costs waves of CTAs times its chain of chunks times a chunk's time.
+// Two sets of chunk times (RecurrenceCosts), by what the host knows of the lengths:
+// - fixed batches and single sequences (the lengths are known): session 25's. The 64-row wgmma
+//   kernel (with its producer warp since c27a0ad) takes ~1.8 us a chunk against 2.9 for the
+//   32-row mma.sync one and 3.3 for 128 rows (H200, the whole call minus the prep kernel, whole
+//   sequences forced with KDAKIT_PREFILL_SEGMENTS=0:rows, T = 32K: 64 rows 1.79-1.81 us at H4,
+//   H8, H16 and H32; 128 rows 3.2-3.3; 32 rows 2.86 at H4 and H32; charged 1.9 and 3.4, what a
+//   full card of 64-row CTAs at H96 and 128-row ones take). So V splits into 64-row slices when
+//   those fit in one wave and never further: H32 T = 32K 2.635 -> 2.088 ms, T = 128K 10.44 ->
+//   8.27, H32 fixed (T = 8K) 0.682 -> 0.547 against the earlier 32-row CTAs, same call.
+// - packed batches of several sequences (lengths on the device only): session 11's constants and
+//   rules, unchanged. Their pass model charges the longest possible chain (all T tokens in one
+//   sequence), and with session 25's chunk times it picked 64-row CTAs for every packed batch;
+//   the two rows measured pull apart: H32 32K + 8 x 1K 2.396 ms against 2.938 (the session-11 pick,
+//   16-chunk segments), H64 mixed 0.909 against 0.884, H4 32K + 8 x 1K 0.479 against 0.417
+//   (session 25, same call). Not refitted until a model sees the lengths (the plan on the device).
+// NOTE: a summary CTA skips the output's products and stores (~25% fewer MMAs; charged 0.75 of a
+// chunk). The combine pass costs about 2 us per segment in a sequence's chain for fixed batches
+// and is charged 7 us for packed ones (the NOTEs below), each extra launch ~3 us.
 // NOTE: the combine cost was 1.5 us per segment until the H200 sweep of forced choices
 // (scripts/gpu_segment_sweep.sh, 2026-12-01, ms of the whole call): halving the segments saved
 // far more than the model said, H4-T32K 16:64:64 0.666 against 32:64:64 0.557 (109 us for 16
@@ -67,12 +69,6 @@ static_assert(recurrence_value_rows(1, 4, 132) == 16, "few heads: 16 value rows 
 // (H4 0.580 / 0.536, H8 0.988 / 0.929, H16 1.882 / 1.744), so packed batches keep 7 us: the
 // packed model (longest possible chain, total work spread) does not see what else grows with
 // the segment count there. Not swept with the split kernel (the sweep did not fit the session).
-// NOTE: since session 11 the summaries run on the wgmma kernel and skip Qt, M (and Phi's U0):
-// measured 2.45 us per chunk at 128 rows and 1.86 at 64, against the 0.75 x t(rows) charged here,
-// while the recurrence's chunks now cost 2.9-3.3 us at 32 rows, 3.1 at 64 and 4.2-6.0 at 128 (more
-// with more CTAs sharing DRAM). The constants are kept: a host copy refitted to those numbers
-// changes H4 T=32K's pick and would segment the H32 rows, and without a bandwidth term and a sweep
-// those picks are not checked (docs/design/20261201-prefill-segments.md, session 11).
 
 struct SegmentChoice {
   int32_t segment_chunks = 0;  // 0: whole sequences
@@ -86,9 +82,22 @@ struct SegmentChoice {
 constexpr double kCombineUsPerSegment = 2.0;
 constexpr double kCombineUsPerSegmentPacked = 7.0;
 
-constexpr double recurrence_chunk_us(int rows) {
-  return rows <= 16 ? 2.1 : rows <= 32 ? 2.2 : rows <= 64 ? 2.4 : 3.9;
-}
+// A chunk's time on one CTA by value rows, and the smallest rows a pass may take.
+struct RecurrenceCosts {
+  double us16, us32, us64, us128;
+  int min_rows;          // of the recurrence pass; whole sequences split V down to it
+  int min_summary_rows;  // of the summary pass (64 or 128)
+  constexpr double chunk_us(int rows) const {
+    return rows <= 16 ? us16 : rows <= 32 ? us32 : rows <= 64 ? us64 : us128;
+  }
+};
+// Fixed batches and single sequences (session 25; 16 rows untimed since session 11, taken as 32's).
+// NOTE: summaries on 128-row CTAs only: the 64-row summary kernel was last timed before its
+// producer warp (c27a0ad), and every pick measured since session 11 summarises on 128 rows.
+inline constexpr RecurrenceCosts kKnownLengthCosts{2.9, 2.9, 1.9, 3.4, 64, 128};
+// Packed batches of several sequences (session 11).
+inline constexpr RecurrenceCosts kPackedCosts{2.1, 2.2, 2.4, 3.9, 16, 64};
+
 constexpr double waves(int64_t ctas, int num_sms) { return double((ctas + num_sms - 1) / num_sms); }
 
 // Predicted time of one pass: `ctas` CTAs with chains of at most `chain` chunks at `us` per chunk.
@@ -102,6 +111,35 @@ constexpr double pass_us(bool packed, int64_t ctas, int64_t chain, int64_t total
   const double longest = double(chain) * us;
   return spread > longest ? spread : longest;
 }
+
+// Whole sequences: V split in halves while the (sequence, head) pairs' CTAs still fit in one wave,
+// down to the costs' smallest rows (128 rows once the pairs cover half the SMs). A packed batch of
+// one sequence is modelled as a fixed batch of one (the NOTE at choose_segments).
+constexpr SegmentChoice whole_sequences(int64_t batch, int64_t seqlen, int64_t num_seqs, bool packed,
+                                        int32_t num_v_heads, int num_sms) {
+  if (packed && num_seqs == 1) {
+    packed = false;
+    batch = 1;
+  }
+  const RecurrenceCosts costs = packed ? kPackedCosts : kKnownLengthCosts;
+  const int64_t pairs = num_seqs * num_v_heads;
+  int rows = kHeadDim;
+  while (rows > costs.min_rows && pairs * (kHeadDim / (rows / 2)) <= num_sms) rows /= 2;
+  const int64_t nc = (seqlen + 63) / 64;  // chunks of the longest sequence
+  const int64_t total_chunks = packed ? nc + num_seqs : batch * nc;
+  const int64_t slices = kHeadDim / rows;
+  SegmentChoice c{};
+  c.rows = rows;
+  c.predicted_us = c.unsegmented_us = pass_us(packed, pairs * slices, nc, total_chunks * num_v_heads * slices,
+                                              costs.chunk_us(rows), num_sms);
+  return c;
+}
+static_assert(whole_sequences(1, 8192, 1, false, 96, 132).rows == 128, "H96: one CTA per head");
+static_assert(whole_sequences(1, 8192, 1, false, 64, 132).rows == 64, "H64: two V halves per head");
+static_assert(whole_sequences(1, 8192, 1, false, 32, 132).rows == 64, "H32: two V halves per head");
+static_assert(whole_sequences(1, 32768, 1, true, 4, 132).rows == 64, "one sequence, few heads: 64 value rows");
+static_assert(whole_sequences(1, 8192, 6, true, 64, 132).rows == 128, "H64 mixed: one CTA per head");
+static_assert(whole_sequences(1, 8192, 8, true, 4, 132).rows == 32, "packed, few heads: as in session 11");
 
 // Shortest segment the model considers: 8 chunks for at most 4 value heads, else 16.
 // NOTE: H200 (session 11, forced choices, ms of the whole call): H4 T=8K 8:64:128 0.147 against
@@ -123,18 +161,15 @@ constexpr int32_t min_segment_chunks(int32_t num_v_heads) { return num_v_heads <
 // 0.148 against 16:32:64 0.162.
 constexpr SegmentChoice choose_segments(int64_t batch, int64_t seqlen, int64_t num_seqs, bool packed,
                                         int32_t num_v_heads, int num_sms) {
+  const SegmentChoice whole = whole_sequences(batch, seqlen, num_seqs, packed, num_v_heads, num_sms);
   if (packed && num_seqs == 1) {
     packed = false;
     batch = 1;
   }
-  SegmentChoice best{};
+  const RecurrenceCosts costs = packed ? kPackedCosts : kKnownLengthCosts;
+  SegmentChoice best = whole;
   const int64_t nc = (seqlen + 63) / 64;  // chunks of the longest sequence
   const int64_t total_chunks = packed ? nc + num_seqs : batch * nc;
-  const int rows0 = recurrence_value_rows(num_seqs, num_v_heads, num_sms);
-  best.rows = rows0;
-  best.unsegmented_us = pass_us(packed, num_seqs * num_v_heads * (128 / rows0), nc,
-                                total_chunks * num_v_heads * (128 / rows0), recurrence_chunk_us(rows0), num_sms);
-  best.predicted_us = best.unsegmented_us;
   if (num_seqs <= 0 || nc <= 16) return best;
   for (int32_t ls = min_segment_chunks(num_v_heads); ls <= 256; ls *= 2) {
     if (ls >= nc) break;
@@ -145,26 +180,22 @@ constexpr SegmentChoice choose_segments(int64_t batch, int64_t seqlen, int64_t n
     SegmentChoice c{};
     c.segment_chunks = ls;
     double summary = 1e30, rec = 1e30;
-    for (int r = 64; r <= 128; r *= 2) {
+    for (int r = costs.min_summary_rows; r <= 128; r *= 2) {
       const int64_t ctas = full * num_v_heads * 2 * (128 / r);
-      const double t = pass_us(packed, ctas, ls, ctas * ls, 0.75 * recurrence_chunk_us(r), num_sms);
+      const double t = pass_us(packed, ctas, ls, ctas * ls, 0.75 * costs.chunk_us(r), num_sms);
       if (t < summary) { summary = t; c.summary_rows = r; }
     }
-    for (int r = 32; r <= 128; r *= 2) {
+    for (int r = costs.min_rows < 32 ? 32 : costs.min_rows; r <= 128; r *= 2) {
       const int64_t ctas = segs * num_v_heads * (128 / r);
-      const double t = pass_us(packed, ctas, ls, total_chunks * num_v_heads * (128 / r), recurrence_chunk_us(r),
+      const double t = pass_us(packed, ctas, ls, total_chunks * num_v_heads * (128 / r), costs.chunk_us(r),
                                num_sms);
       if (t < rec) { rec = t; c.rows = r; }
     }
     c.predicted_us = summary + rec + (packed ? kCombineUsPerSegmentPacked : kCombineUsPerSegment) * double(per_seq - 1) + 6.0;
-    c.unsegmented_us = best.unsegmented_us;
+    c.unsegmented_us = whole.unsegmented_us;
     if (c.predicted_us < best.predicted_us) best = c;
   }
-  if (best.segment_chunks > 0 && best.predicted_us > 0.8 * best.unsegmented_us) {
-    best.segment_chunks = 0;
-    best.rows = rows0;
-    best.predicted_us = best.unsegmented_us;
-  }
+  if (best.segment_chunks > 0 && best.predicted_us > 0.8 * whole.unsegmented_us) best = whole;
   return best;
 }
 static_assert(choose_segments(1, 8192, 1, false, 96, 132).segment_chunks == 0, "H96: whole sequences");
@@ -178,19 +209,35 @@ static_assert(choose_segments(1, 8192, 9, true, 96, 132).segment_chunks == 0, "H
 static_assert(choose_segments(1, 8192, 6, true, 64, 132).segment_chunks == 0, "H64 mixed: whole sequences");
 static_assert(choose_segments(1, 8192, 8, true, 32, 132).segment_chunks == 0, "H32 1024x8: whole sequences");
 static_assert(choose_segments(1, 8192, 1, true, 4, 132).segment_chunks == 8, "one packed sequence: as a fixed batch");
-static_assert(choose_segments(1, 131072, 1, true, 4, 132).segment_chunks == 64, "one packed sequence: as a fixed batch");
-static_assert(choose_segments(1, 32768, 1, true, 8, 132).segment_chunks == 32, "one packed sequence: as a fixed batch");
-static_assert(choose_segments(1, 8192, 1, true, 16, 132).segment_chunks == 16, "one packed sequence: as a fixed batch");
-static_assert(choose_segments(1, 40960, 9, true, 4, 132).segment_chunks == 32, "H4 32K + 8 x 1K: 32-chunk segments");
-static_assert(choose_segments(1, 40960, 9, true, 16, 132).segment_chunks == 32, "H16 32K + 8 x 1K: 32-chunk segments");
-static_assert(choose_segments(1, 8192, 1, false, 16, 132).segment_chunks == 16, "H16 T=8K: 16-chunk segments");
-static_assert(choose_segments(1, 8192, 1, false, 8, 132).segment_chunks == 16, "H8 T=8K: 16-chunk segments");
+static_assert(choose_segments(1, 8192, 1, true, 16, 132).segment_chunks == 32, "one packed sequence: as a fixed batch");
+// NOTE: the picks of the session-25 constants on the single-sequence benchmark rows, with the
+// forced choices measured on the H200 (session 25; ms of the whole call, the session-11 pick in
+// brackets): H8 T = 32K 64:64:128 0.595 (32:128:128 0.617), H16 T = 8K 32:64:128 0.323 (16:128:128
+// 0.348), H4 T = 128K 128:64:128 1.143 (64:128:128 1.173), H32 T = 32K whole on 64 rows 2.088
+// (whole on 32 rows 2.635); H4 T = 8K, T = 32K, H8 T = 8K, H16 T = 32K keep their picks.
 static_assert(choose_segments(1, 8192, 1, false, 4, 132).segment_chunks == 8 &&
                   choose_segments(1, 8192, 1, false, 4, 132).rows == 64 &&
                   choose_segments(1, 8192, 1, false, 4, 132).summary_rows == 128,
               "H4 T=8K: 8-chunk segments, 64-row recurrence, 128-row summaries (the measured fastest)");
 static_assert(choose_segments(1, 32768, 1, false, 4, 132).segment_chunks == 32, "H4 T=32K: 32-chunk segments");
-static_assert(choose_segments(1, 131072, 1, false, 4, 132).segment_chunks == 64, "H4 T=128K: 64-chunk segments");
-static_assert(choose_segments(1, 32768, 1, false, 8, 132).segment_chunks == 32, "H8 T=32K: 32-chunk segments");
+static_assert(choose_segments(1, 131072, 1, false, 4, 132).segment_chunks == 128 &&
+                  choose_segments(1, 131072, 1, false, 4, 132).rows == 64,
+              "H4 T=128K: 128-chunk segments, 64-row recurrence");
+static_assert(choose_segments(1, 40960, 9, true, 4, 132).segment_chunks == 32, "H4 32K + 8 x 1K: 32-chunk segments");
+static_assert(choose_segments(1, 8192, 1, false, 8, 132).segment_chunks == 16, "H8 T=8K: 16-chunk segments");
+static_assert(choose_segments(1, 32768, 1, false, 8, 132).segment_chunks == 64 &&
+                  choose_segments(1, 32768, 1, false, 8, 132).rows == 64,
+              "H8 T=32K: 64-chunk segments, 64-row recurrence");
+static_assert(choose_segments(1, 8192, 1, false, 16, 132).segment_chunks == 32 &&
+                  choose_segments(1, 8192, 1, false, 16, 132).rows == 64,
+              "H16 T=8K: 32-chunk segments, 64-row recurrence");
+static_assert(choose_segments(1, 32768, 1, false, 16, 132).segment_chunks == 64 &&
+                  choose_segments(1, 32768, 1, false, 16, 132).rows == 128,
+              "H16 T=32K: 64-chunk segments, 128-row recurrence");
+static_assert(choose_segments(1, 32768, 1, false, 32, 132).segment_chunks == 0 &&
+                  choose_segments(1, 32768, 1, false, 32, 132).rows == 64,
+              "H32 T=32K: whole sequences on 64-row CTAs");
+static_assert(choose_segments(1, 40960, 9, true, 32, 132).segment_chunks == 16, "H32 32K + 8 x 1K: 16-chunk segments");
+static_assert(choose_segments(1, 40960, 9, true, 16, 132).segment_chunks == 32, "H16 32K + 8 x 1K: 32-chunk segments");
 
 }  // namespace kdakit::sm90::prefill
