@@ -112,26 +112,36 @@ constexpr double pass_us(bool packed, int64_t ctas, int64_t chain, int64_t total
   return spread > longest ? spread : longest;
 }
 
+// What the model knows of a batch's chains of chunks: a fixed batch, or one packed sequence (the
+// NOTE at choose_segments), has `batch` chains of `chain` chunks; a packed batch of several
+// sequences has at most `total` chunks, of which its longest sequence may hold `chain` (all T
+// tokens).
+struct BatchChains {
+  bool packed;  // several sequences whose lengths the host does not know
+  int64_t chain;
+  int64_t total;
+  RecurrenceCosts costs;
+};
+constexpr BatchChains batch_chains(int64_t batch, int64_t seqlen, int64_t num_seqs, bool packed) {
+  const bool several = packed && num_seqs != 1;
+  const int64_t nc = (seqlen + 63) / 64;
+  return BatchChains{several, nc, several ? nc + num_seqs : (packed ? 1 : batch) * nc,
+                     several ? kPackedCosts : kKnownLengthCosts};
+}
+
 // Whole sequences: V split in halves while the (sequence, head) pairs' CTAs still fit in one wave,
-// down to the costs' smallest rows (128 rows once the pairs cover half the SMs). A packed batch of
-// one sequence is modelled as a fixed batch of one (the NOTE at choose_segments).
+// down to the costs' smallest rows (128 rows once the pairs cover half the SMs).
 constexpr SegmentChoice whole_sequences(int64_t batch, int64_t seqlen, int64_t num_seqs, bool packed,
                                         int32_t num_v_heads, int num_sms) {
-  if (packed && num_seqs == 1) {
-    packed = false;
-    batch = 1;
-  }
-  const RecurrenceCosts costs = packed ? kPackedCosts : kKnownLengthCosts;
+  const BatchChains b = batch_chains(batch, seqlen, num_seqs, packed);
   const int64_t pairs = num_seqs * num_v_heads;
   int rows = kHeadDim;
-  while (rows > costs.min_rows && pairs * (kHeadDim / (rows / 2)) <= num_sms) rows /= 2;
-  const int64_t nc = (seqlen + 63) / 64;  // chunks of the longest sequence
-  const int64_t total_chunks = packed ? nc + num_seqs : batch * nc;
+  while (rows > b.costs.min_rows && pairs * (kHeadDim / (rows / 2)) <= num_sms) rows /= 2;
   const int64_t slices = kHeadDim / rows;
   SegmentChoice c{};
   c.rows = rows;
-  c.predicted_us = c.unsegmented_us = pass_us(packed, pairs * slices, nc, total_chunks * num_v_heads * slices,
-                                              costs.chunk_us(rows), num_sms);
+  c.predicted_us = c.unsegmented_us = pass_us(b.packed, pairs * slices, b.chain, b.total * num_v_heads * slices,
+                                              b.costs.chunk_us(rows), num_sms);
   return c;
 }
 static_assert(whole_sequences(1, 8192, 1, false, 96, 132).rows == 128, "H96: one CTA per head");
@@ -162,14 +172,12 @@ constexpr int32_t min_segment_chunks(int32_t num_v_heads) { return num_v_heads <
 constexpr SegmentChoice choose_segments(int64_t batch, int64_t seqlen, int64_t num_seqs, bool packed,
                                         int32_t num_v_heads, int num_sms) {
   const SegmentChoice whole = whole_sequences(batch, seqlen, num_seqs, packed, num_v_heads, num_sms);
-  if (packed && num_seqs == 1) {
-    packed = false;
-    batch = 1;
-  }
-  const RecurrenceCosts costs = packed ? kPackedCosts : kKnownLengthCosts;
+  const BatchChains b = batch_chains(batch, seqlen, num_seqs, packed);
+  packed = b.packed;
+  const RecurrenceCosts costs = b.costs;
   SegmentChoice best = whole;
-  const int64_t nc = (seqlen + 63) / 64;  // chunks of the longest sequence
-  const int64_t total_chunks = packed ? nc + num_seqs : batch * nc;
+  const int64_t nc = b.chain;
+  const int64_t total_chunks = b.total;
   if (num_seqs <= 0 || nc <= 16) return best;
   for (int32_t ls = min_segment_chunks(num_v_heads); ls <= 256; ls *= 2) {
     if (ls >= nc) break;
