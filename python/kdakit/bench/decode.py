@@ -59,7 +59,8 @@ import sys
 import tempfile
 from dataclasses import asdict, dataclass
 
-COPY_CEILING_TBPS = 4.27  # H200 device-to-device copy, read + write (TARGETS.md)
+from ..testing.floors import COPY_CEILING_TBPS  # H200 device-to-device copy, read + write
+
 LOWER_BOUND = -5.0
 ROTATION_BYTES = 256 * 1024 * 1024
 MAX_POOL_BYTES = 24 * 1024**3

@@ -7,7 +7,10 @@ state, final state returned. Every callable writes into preallocated outputs; kd
 workspace once, outside the timed region. Times: kdakit.testing.time_cuda (L2 flushed, median),
 under a CUDA graph where capture works (kdakit always; a peer whose capture fails is timed
 eagerly, and the row says so). The output of each peer is compared with kdakit's (rel. L2) so
-that a ratio is never reported for a wrong answer unnoticed.
+that a ratio is never reported for a wrong answer unnoticed. Each row also gives kdakit's rate
+against the case's two floors (kdakit.testing.floors: the fewest bytes any implementation moves,
+the chunked math's FLOPs): TB/s and TFLOP/s, and "x floor", its time over the larger of bytes at
+4.27 TB/s and FLOPs at 681 TFLOP/s (the H200 ceilings of TARGETS.md).
 
 Usage::
 
@@ -58,6 +61,7 @@ import sys
 from typing import Any, Callable
 
 from .. import testing
+from ..testing import floors
 
 LOWER_BOUND = -5.0
 # NOTE: on these inputs kdakit and the peers each sit 4-7e-3 (relative L2 of o) from each other on
@@ -488,6 +492,10 @@ def main(argv: list[str] | None = None) -> int:
         if ms is not None:
             tokens = case.total_tokens * case.num_v_heads
             row.metrics["Mtok*head/ms"] = tokens / ms / 1e6
+            f = floors.prefill_floors(case)
+            row.metrics["TB/s"] = f.bytes / ms / 1e9
+            row.metrics["TFLOP/s"] = f.flops / ms / 1e9
+            row.metrics["x floor"] = ms / f.ms
         # NOTE: kdakit's time first, so a peer stuck in autotuning leaves it on record.
         print(f"{case.name:<22} {case.label():<40} kdakit {ms if ms is None else round(ms, 4)} ms"
               + ("" if how == "graph" else f" ({how})"), flush=True)

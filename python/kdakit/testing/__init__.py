@@ -6,12 +6,14 @@
 * generate: fresh random inputs for a case, as numpy arrays or torch tensors.
 * bench: CUDA-event / CUDA-graph timing with L2 flush, cooldown, peer imports (FLA, FlashKDA).
 * report: table printer (geometric mean last), JSON results with repro commands, PNG bars.
+* floors: a prefill case's fewest bytes and its chunked FLOPs over the H200 ceilings.
 """
 
 from .bench import Peer, Timing, cooldown, cuda_available, import_fla, import_flash_kda, time_cuda
 from .cases import (DecodeCase, PrefillCase, decode_bench_cases, decode_test_cases,
                     prefill_bench_cases, prefill_test_cases)
 from .compare import Comparison, assert_close, compare, rel_l2, to_float64
+from .floors import PrefillFloors, prefill_floors
 from .generate import (decode_inputs, decode_kwargs, prefill_inputs, prefill_kwargs, to_torch,
                        torch_available)
 from .report import Row, format_table, geomean, plot_bars, print_table, repro_command, write_json
@@ -23,5 +25,6 @@ __all__ = [
     "prefill_inputs", "decode_inputs", "prefill_kwargs", "decode_kwargs", "to_torch",
     "torch_available",
     "Peer", "Timing", "cooldown", "cuda_available", "import_fla", "import_flash_kda", "time_cuda",
+    "PrefillFloors", "prefill_floors",
     "Row", "format_table", "geomean", "plot_bars", "print_table", "repro_command", "write_json",
 ]
