@@ -46,10 +46,11 @@ Status launch_prefill_combine(const PrefillParams& p, const WorkspacePlan& plan,
 //   8.27, H32 fixed (T = 8K) 0.682 -> 0.547 against the earlier 32-row CTAs, same call.
 // - packed batches of several sequences (lengths on the device only): session 11's constants and
 //   rules, unchanged. Their pass model charges the longest possible chain (all T tokens in one
-//   sequence), and with session 25's chunk times it picked 64-row CTAs for every packed batch;
-//   the two rows measured pull apart: H32 32K + 8 x 1K 2.396 ms against 2.938 (the session-11 pick,
-//   16-chunk segments), H64 mixed 0.909 against 0.884, H4 32K + 8 x 1K 0.479 against 0.417
-//   (session 25, same call). Not refitted until a model sees the lengths (the plan on the device).
+//   sequence), and with session 25's chunk times it picked 64-row CTAs for every packed batch.
+//   The packed rows measured pull apart (ms, that pick against session 11's, same call): H32 32K
+//   + 8 x 1K whole on 64 rows 2.396 against 16-chunk segments 2.938, but H64 mixed 0.909 against
+//   0.884 and H4 32K + 8 x 1K 0.479 against 0.417. Not refitted until a model sees the lengths
+//   (the plan, on the device).
 // NOTE: a summary CTA skips the output's products and stores (~25% fewer MMAs; charged 0.75 of a
 // chunk). The combine pass costs about 2 us per segment in a sequence's chain for fixed batches
 // and is charged 7 us for packed ones (the NOTEs below), each extra launch ~3 us.
