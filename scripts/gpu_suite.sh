@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # On the GPU machine, over a build staged by scripts/gpu_stage.sh: every C++ and Python test,
 # compute-sanitizer memcheck on small cases, then the benchmarks. Peers are used when present:
-# FLA from a source tarball in .carry/peers (put on PYTHONPATH), FlashKDA if importable. Logs and
-# results go to $OUT; a short table is printed last.
+# FLA from a source tarball or wheels in .carry/peers (put on PYTHONPATH; pure Python, e.g. the
+# fla-core wheel), FlashKDA if importable. Logs and results go to $OUT; a short table is printed
+# last.
 # Usage: scripts/gpu_suite.sh [--no-tests] [--no-bench] [--prefill-only] [--skip TEST_BINARY]...
 # [extra args for the prefill bench]. --prefill-only runs the prefill tests (prep, recurrence, default
 # path, segments, pool, 64-row CTAs, sanitizers, the prep timing) and the prefill benchmark alone. --skip leaves out one test binary (e.g. kdakit_decode_tests, whose ~540 variant
@@ -30,6 +31,9 @@ export PYTHONPATH="$PWD/$stage/python:/tmp/peers:/tmp/site:${PYTHONPATH:-}"
 export PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1 FLA_FLASH_KDA=0
 for f in .carry/peers/fla-*.tar.xz; do
   [ -f "$f" ] && mkdir -p /tmp/peers && tar -xJf "$f" -C /tmp/peers
+done
+for f in .carry/peers/*.whl; do
+  [ -f "$f" ] && python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site "$f"
 done
 summary="$out/logs/summary.txt"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader | tee -a "$summary"
