@@ -125,6 +125,9 @@ struct WorkspacePlan {
   size_t segments_offset;
   size_t total_bytes;
   int32_t route_bound;  // >= 0: a routed call (Route), set by the dispatcher; -1 otherwise
+  // Qt, W, Kh and M of the chunk blocks as fp16, and no Kh lo (the recurrence's fp16 products,
+  // docs/design/20261204-prefill-fp16-recurrence.md); set by the dispatcher. false: bf16, Kh hi + lo.
+  bool f16_block;
 };
 
 inline constexpr size_t align_up(size_t x, size_t a) { return (x + a - 1) / a * a; }

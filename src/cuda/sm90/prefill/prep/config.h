@@ -226,6 +226,8 @@ struct PrepParams {
   bool allow_neg_eigval;
   float scale;
   float lower_bound;
+  // Qt, W, Kh and M as fp16 and no Kh lo (WorkspacePlan::f16_block); else bf16 with Kh hi + lo
+  bool f16_block;
   Route route;  // a routed call: the CTAs exit unless the plan's longest sequence is past the bound
 };
 

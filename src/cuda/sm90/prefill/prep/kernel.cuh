@@ -172,6 +172,15 @@ __device__ __forceinline__ uint4 pack8(const float (&x)[8]) {
   return r;
 }
 
+// Two values of a block array (Qt, W, Kh, M) in the block's element type (PrepParams::f16_block).
+__device__ __forceinline__ uint32_t pack_block2(float lo, float hi, bool f16) {
+  return f16 ? kdakit::cuda::pack_f16x2(lo, hi) : kdakit::cuda::pack_bf16x2(lo, hi);
+}
+__device__ __forceinline__ uint4 pack8_block(const float (&x)[8], bool f16) {
+  return make_uint4(pack_block2(x[0], x[1], f16), pack_block2(x[2], x[3], f16), pack_block2(x[4], x[5], f16),
+                    pack_block2(x[6], x[7], f16));
+}
+
 // Wide-span channels' b2 (fp32) and raw k (bf16 bits), channel-major [128][64] so that phase 3's
 // lanes read 16 consecutive rows of one channel: written in phase 1c into block space that phase
 // 5 writes later (U0's and W's), read back in phase 3.
@@ -231,7 +240,7 @@ __device__ __forceinline__ void lm_segment_products(float (&acc)[4][4], const Lm
 // per-element terms touch, go to the fp32 matrix Mf instead, to be finished in phase 3.
 template <int kM, int kN>
 __device__ __forceinline__ void lm_segment_store(const float (&acc)[4][4], const LmSegment seg, float* Lf, float* Mf,
-                                                 unsigned char* m_block, bool m_diag_f32, int g, int t) {
+                                                 unsigned char* m_block, bool m_diag_f32, bool f16, int g, int t) {
   constexpr bool kStrict = kM == 0;
   float* dst = kStrict ? Lf : Mf;
 #pragma unroll
@@ -248,7 +257,7 @@ __device__ __forceinline__ void lm_segment_store(const float (&acc)[4][4], const
         x1 = (kStrict ? s + 1 < r : s + 1 <= r) ? x1 : 0.f;
       }
       if (!kStrict && !(diag && m_diag_f32)) {
-        *reinterpret_cast<uint32_t*>(m_block + size_t(r) * 128 + s * 2) = kdakit::cuda::pack_bf16x2(x0, x1);
+        *reinterpret_cast<uint32_t*>(m_block + size_t(r) * 128 + s * 2) = pack_block2(x0, x1, f16);
       } else {
         *reinterpret_cast<float2*>(dst + r * SharedMemoryPlan::kLdF + s) = make_float2(x0, x1);
       }
@@ -281,12 +290,12 @@ __device__ __forceinline__ void lm_products(float (&acc0)[4][4], float (&acc1)[4
 
 // Phase 3's start: the products of lm_products to Lf / Mf.
 __device__ __forceinline__ void lm_store(const float (&acc0)[4][4], const float (&acc1)[4][4], int warp, float* Lf,
-                                         float* Mf, unsigned char* m_block, bool m_diag_f32, int g, int t) {
+                                         float* Mf, unsigned char* m_block, bool m_diag_f32, bool f16, int g, int t) {
   const LmSegment seg0 = lm_segment(warp, 0), seg1 = lm_segment(warp, 1);
   with_lm_shape(warp, [&](auto shape) {
     constexpr LmShape kSh = kLmShapes[decltype(shape)::value];
-    lm_segment_store<kSh.m0, kSh.n0>(acc0, seg0, Lf, Mf, m_block, m_diag_f32, g, t);
-    if constexpr (kSh.n1 > 0) lm_segment_store<kSh.m1, kSh.n1>(acc1, seg1, Lf, Mf, m_block, m_diag_f32, g, t);
+    lm_segment_store<kSh.m0, kSh.n0>(acc0, seg0, Lf, Mf, m_block, m_diag_f32, f16, g, t);
+    if constexpr (kSh.n1 > 0) lm_segment_store<kSh.m1, kSh.n1>(acc1, seg1, Lf, Mf, m_block, m_diag_f32, f16, g, t);
   });
 }
 
@@ -659,13 +668,17 @@ __global__ void __launch_bounds__(kThreads, 2) kda_prefill_prep_sm90_kernel(cons
           kh[e] = kfr[j][e] * kh_fac[e];
           kd[e] = kn[e] * fast_exp2(m_cur[e] - b2[j][e]);  // exp2(m_R - b2) <= 2^(max_span / 2), or 0
         }
-        uint4 kh_hi, kh_lo;
-        kdakit::cuda::split_bf16x2(kh[0], kh[1], kh_hi.x, kh_lo.x);
-        kdakit::cuda::split_bf16x2(kh[2], kh[3], kh_hi.y, kh_lo.y);
-        kdakit::cuda::split_bf16x2(kh[4], kh[5], kh_hi.z, kh_lo.z);
-        kdakit::cuda::split_bf16x2(kh[6], kh[7], kh_hi.w, kh_lo.w);
-        *reinterpret_cast<uint4*>(blk + Layout::kKhOffset + size_t(r) * 256 + c0 * 2) = kh_hi;
-        *reinterpret_cast<uint4*>(blk + Layout::kKhLoOffset + size_t(r) * 256 + c0 * 2) = kh_lo;
+        if (p.f16_block) {  // one fp16 term (11 significant bits) and no Kh lo
+          *reinterpret_cast<uint4*>(blk + Layout::kKhOffset + size_t(r) * 256 + c0 * 2) = pack8_block(kh, true);
+        } else {
+          uint4 kh_hi, kh_lo;
+          kdakit::cuda::split_bf16x2(kh[0], kh[1], kh_hi.x, kh_lo.x);
+          kdakit::cuda::split_bf16x2(kh[2], kh[3], kh_hi.y, kh_lo.y);
+          kdakit::cuda::split_bf16x2(kh[4], kh[5], kh_hi.z, kh_lo.z);
+          kdakit::cuda::split_bf16x2(kh[6], kh[7], kh_hi.w, kh_lo.w);
+          *reinterpret_cast<uint4*>(blk + Layout::kKhOffset + size_t(r) * 256 + c0 * 2) = kh_hi;
+          *reinterpret_cast<uint4*>(blk + Layout::kKhLoOffset + size_t(r) * 256 + c0 * 2) = kh_lo;
+        }
         *reinterpret_cast<uint4*>(smem + Plan::kKbOffset + swz(kb_row_offset(R) + r, ch0)) = pack8(kd);
       }
 #pragma unroll
@@ -712,7 +725,7 @@ __global__ void __launch_bounds__(kThreads, 2) kda_prefill_prep_sm90_kernel(cons
       }
 #pragma unroll
       for (int e = 0; e < 8; ++e) out[e] = qn[e] * fq[e];
-      *reinterpret_cast<uint4*>(blk + Layout::kQtOffset + size_t(r) * 256 + c0 * 2) = pack8(out);
+      *reinterpret_cast<uint4*>(blk + Layout::kQtOffset + size_t(r) * 256 + c0 * 2) = pack8_block(out, p.f16_block);
 #pragma unroll
       for (int e = 0; e < 8; ++e) out[e] = kn[e] * fq[e];
       *reinterpret_cast<uint4*>(smem + Plan::kKtOffset + off) = pack8(out);
@@ -773,7 +786,7 @@ __global__ void __launch_bounds__(kThreads, 2) kda_prefill_prep_sm90_kernel(cons
     const uint4 m4 = reinterpret_cast<const uint4*>(mask)[i];
     any_wide |= m4.x | m4.y | m4.z | m4.w;
   }
-  lm_store(acc0, acc1, warp, Lf, Tf, blk + Layout::kMOffset, any_wide != 0u, g, t);
+  lm_store(acc0, acc1, warp, Lf, Tf, blk + Layout::kMOffset, any_wide != 0u, p.f16_block, g, t);
   if (tid < 6 * 2 * kSubBlock) {  // blocks (R, S > R): 6 x 16 rows x 2 16-byte halves
     const int b = tid >> 5, rr = (tid >> 1) & 15, hh = tid & 1;
     const int R = b < 3 ? 0 : b < 5 ? 1 : 2, S = b < 3 ? b + 1 : b < 5 ? b - 1 : 3;
@@ -839,7 +852,7 @@ __global__ void __launch_bounds__(kThreads, 2) kda_prefill_prep_sm90_kernel(cons
       const int r = (tid & 7) + 8 * (tid >> 5), col = kSubBlock * (r / kSubBlock) + 4 * ((tid >> 3) & 3);
       const float4 x = *reinterpret_cast<const float4*>(Tf + r * Plan::kLdF + col);
       *reinterpret_cast<uint2*>(blk + Layout::kMOffset + size_t(r) * 128 + col * 2) =
-          make_uint2(kdakit::cuda::pack_bf16x2(x.x, x.y), kdakit::cuda::pack_bf16x2(x.z, x.w));
+          make_uint2(pack_block2(x.x, x.y, p.f16_block), pack_block2(x.z, x.w, p.f16_block));
     }
     __syncthreads();
   }
@@ -919,7 +932,7 @@ __global__ void __launch_bounds__(kThreads, 2) kda_prefill_prep_sm90_kernel(cons
                 make_float2(acc5[i][n][2 * hr], acc5[i][n][2 * hr + 1]);
           } else {
             *reinterpret_cast<uint32_t*>(blk + Layout::kWOffset + size_t(r) * 256 + c * 2) =
-                kdakit::cuda::pack_bf16x2(acc5[i][n][2 * hr], acc5[i][n][2 * hr + 1]);
+                pack_block2(acc5[i][n][2 * hr], acc5[i][n][2 * hr + 1], p.f16_block);
           }
         }
       }

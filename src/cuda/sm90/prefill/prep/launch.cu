@@ -93,6 +93,7 @@ Status launch_prefill_prep(const PrefillParams& p, const WorkspacePlan& w, void*
       .allow_neg_eigval = p.allow_neg_eigval,
       .scale = p.scale,
       .lower_bound = p.lower_bound,
+      .f16_block = w.f16_block,
       .route = route_of(w, workspace),
   };
   const bool g_fp32 = p.dtype_g == DType::kFloat32;
