@@ -43,6 +43,10 @@ using OpNegRS64 = gmma::MMA_64x64x16_F32BF16BF16_RS<Major::K, Major::K, gmma::Sc
 using OpRS64 = gmma::MMA_64x64x16_F32BF16BF16_RS<Major::K, Major::K>;
 // S^T += U^T Kh: B = Kh [token][channel] (MN-major), 64 x 128.
 using OpState = gmma::MMA_64x128x16_F32BF16BF16_RS<Major::K, Major::MN>;
+// The same three products on fp16 operands (the recurrence on an fp16 chunk block).
+using OpNegRS64F16 = gmma::MMA_64x64x16_F32F16F16_RS<Major::K, Major::K, gmma::ScaleIn::Neg>;
+using OpRS64F16 = gmma::MMA_64x64x16_F32F16F16_RS<Major::K, Major::K>;
+using OpStateF16 = gmma::MMA_64x128x16_F32F16F16_RS<Major::K, Major::MN>;
 // W = T diag(beta) Kt: A = T diag(beta) (K-major), B = Kt [token][channel] (MN-major), 64 x 128.
 using OpW = gmma::MMA_64x128x16_F32BF16BF16_SS<Major::K, Major::MN>;
 

@@ -109,10 +109,11 @@ __device__ __forceinline__ uint32_t phi_offset(int row, int col) {
 
 struct TmaParams {
   CUtensorMap qwk;  // bf16 [blocks][256 rows = Qt|W|Kh|Kh lo][128], box 64 cols x 256 rows, 128B swizzle
-  CUtensorMap m;    // bf16 [blocks][64][64], box 64 x 64, 128B swizzle
+                    // (an fp16 block: 192 rows, Qt|W|Kh)
+  CUtensorMap m;    // bf16 (fp16) [blocks][64][64], box 64 x 64, 128B swizzle
   CUtensorMap u0;   // fp32 [blocks][64][128], box kValueRows x 64, no swizzle (16, 32 rows), or
                     // 32 x 64, 128B swizzle (64, 128 rows: Config::kU0Swizzled)
-  CUtensorMap wkh;  // summaries: the qwk map with a box of rows 64 .. 255 (W|Kh|Kh lo), no Qt
+  CUtensorMap wkh;  // summaries: the qwk map with a box of rows 64 .. 255 (W|Kh|Kh lo; fp16: .. 191), no Qt
 };
 
 // ---- swizzled shared-memory addresses ---------------------------------------------------------
@@ -183,13 +184,14 @@ __device__ __forceinline__ SegmentWork segment_work(const KernelParams& p, int n
 // The TMA loads of chunk block `block` into one stage (U0 columns v0 ..), completing on `full`.
 // kOutput = false (summary passes: no output) leaves Qt and M out (the wkh map's box starts at
 // W's row 64, a 1024-byte multiple, so the swizzle is the one the readers expect); with_u0 =
-// false (Phi, whose U0 is zero) U0.
-template <class Smem, bool kOutput = true>
+// false (Phi, whose U0 is zero) U0; kKhLo = false (an fp16 block, whose maps' boxes end at Kh)
+// Kh lo, whose rows of the stage stay unwritten.
+template <class Smem, bool kOutput = true, bool kKhLo = true>
 __device__ __forceinline__ void issue_block_loads(uint8_t* stage, uint64_t* full, const TmaParams& tma,
                                                   const KernelParams& p, int block, int v0, bool with_u0 = true) {
-  constexpr uint32_t kQtBytes = 2 * kChunk * 128;  // Qt's 64 rows of both column halves
+  constexpr uint32_t kQtBytes = 2 * kChunk * 128;  // Qt's (or Kh lo's) 64 rows of both column halves
   ptx::mbarrier_arrive_expect_tx(full, Smem::kStageTxBytes - (kOutput ? 0u : uint32_t(Smem::kMBytes) + kQtBytes) -
-                                           (with_u0 ? 0u : uint32_t(Smem::kU0Bytes)));
+                                           (kKhLo ? 0u : kQtBytes) - (with_u0 ? 0u : uint32_t(Smem::kU0Bytes)));
   if constexpr (kOutput) {
     ptx::tma_load_3d(stage + Smem::kQwkOffset, &tma.qwk, full, 0, 0, block);
     ptx::tma_load_3d(stage + Smem::kQwkOffset + Smem::kQwkBytes / 2, &tma.qwk, full, 64, 0, block);
@@ -262,22 +264,22 @@ __device__ __forceinline__ void store_chunk_state(const float (&state)[16][4], c
 
 // Chunk j of the CTA's range (blocks (first_chunk + j) * HV + h) into stage j % kStages, and,
 // by thread 0 before the chunk loop, the maps into cache and the first kStages chunks in flight.
-template <class Smem, int kStages, bool kOutput = true>
+template <class Smem, int kStages, bool kOutput = true, bool kKhLo = true>
 __device__ __forceinline__ void issue_chunk_at(uint8_t* smem, uint64_t* full, const TmaParams& tma,
                                                const KernelParams& p, int first_chunk, int h, int v0, int j,
                                                bool with_u0 = true) {
   const int s = j % kStages;
-  issue_block_loads<Smem, kOutput>(smem + s * Smem::kStageBytes, &full[s], tma, p,
+  issue_block_loads<Smem, kOutput, kKhLo>(smem + s * Smem::kStageBytes, &full[s], tma, p,
                                   (first_chunk + j) * p.num_v_heads + h, v0, with_u0);
 }
-template <class Smem, int kStages, bool kOutput = true>
+template <class Smem, int kStages, bool kOutput = true, bool kKhLo = true>
 __device__ __forceinline__ void issue_first_chunks(uint8_t* smem, uint64_t* full, const TmaParams& tma,
                                                    const KernelParams& p, int first_chunk, int h, int v0,
                                                    int num_chunks, bool with_u0 = true) {
   if (num_chunks <= 0) return;
   prefetch_block_maps<kOutput>(tma);
   for (int j = 0; j < min(kStages, num_chunks); ++j)
-    issue_chunk_at<Smem, kStages, kOutput>(smem, full, tma, p, first_chunk, h, v0, j, with_u0);
+    issue_chunk_at<Smem, kStages, kOutput, kKhLo>(smem, full, tma, p, first_chunk, h, v0, j, with_u0);
 }
 
 // ---- the kernel -------------------------------------------------------------------------------
@@ -550,8 +552,8 @@ inline Status cuda_status(cudaError_t err, const char* what, int line) {
 }
 
 // The wgmma version of the 64- and 128-row recurrence and summary pass (wgmma.cuh,
-// instantiations/wgmma.cu).
-template <int kValueRows, bool kSummary>
+// instantiations/wgmma_*.cu); kF16: on an fp16 block (WorkspacePlan::f16_block).
+template <int kValueRows, bool kSummary, bool kF16>
 Status launch_wgmma(const KernelParams& kp, const TmaParams& tma, int64_t num_ctas, cudaStream_t stream);
 
 }  // namespace kdakit::sm90::prefill::recurrence
@@ -575,15 +577,21 @@ Status launch(const PrefillParams& p, const WorkspacePlan& plan, const void* wor
   // extent and are never read then.
   const uint64_t num_blocks = std::max<uint64_t>(1, uint64_t(plan.max_chunks) * uint64_t(p.num_v_heads));
 
+  // An fp16 block (the wgmma kernel only): the Qt/W/Kh box ends before Kh lo, which prep left unwritten.
+  const bool f16 = plan.f16_block;
+  if (f16 && kValueRows < 64)
+    return Status(StatusCode::kInternal, "recurrence: an fp16 chunk block needs the wgmma kernel (64 or 128 rows)");
+  const CUtensorMapDataType block_type = f16 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
   TmaParams tma{};
   constexpr int kQwkRows = Config<kValueRows>::SharedMemoryPlan::kQwkArrays * kChunk;  // 256: TMA's box limit
+  const uint32_t box_rows = uint32_t(f16 ? kQwkRows - kChunk : kQwkRows);
   static_assert(ChunkBlockLayout::kKhLoOffset == ChunkBlockLayout::kQtOffset + 3 * kChunk * kHeadDim * 2,
                 "Qt, W, Kh, Kh lo must be consecutive [64][128] arrays: one TMA box covers them");
-  Status st = encode_block_map(&tma.qwk, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, blocks + ChunkBlockLayout::kQtOffset,
-                               kHeadDim, kQwkRows, num_blocks, kHeadDim * 2, 64, kQwkRows,
+  Status st = encode_block_map(&tma.qwk, block_type, blocks + ChunkBlockLayout::kQtOffset,
+                               kHeadDim, kQwkRows, num_blocks, kHeadDim * 2, 64, box_rows,
                                CU_TENSOR_MAP_SWIZZLE_128B, "Qt/W/Kh/Kh lo");
   if (!st.ok()) return st;
-  st = encode_block_map(&tma.m, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, blocks + ChunkBlockLayout::kMOffset, kChunk,
+  st = encode_block_map(&tma.m, block_type, blocks + ChunkBlockLayout::kMOffset, kChunk,
                         kChunk, num_blocks, kChunk * 2, kChunk, kChunk, CU_TENSOR_MAP_SWIZZLE_128B, "M");
   if (!st.ok()) return st;
   st = encode_block_map(&tma.u0, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, blocks + ChunkBlockLayout::kU0Offset, kHeadDim,
@@ -591,8 +599,8 @@ Status launch(const PrefillParams& p, const WorkspacePlan& plan, const void* wor
                         Smem::kU0Swizzled ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_NONE, "U0");
   if (!st.ok()) return st;
   if constexpr (kSummary) {
-    st = encode_block_map(&tma.wkh, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, blocks + ChunkBlockLayout::kQtOffset,
-                          kHeadDim, kQwkRows, num_blocks, kHeadDim * 2, 64, kQwkRows - kChunk,
+    st = encode_block_map(&tma.wkh, block_type, blocks + ChunkBlockLayout::kQtOffset,
+                          kHeadDim, kQwkRows, num_blocks, kHeadDim * 2, 64, box_rows - kChunk,
                           CU_TENSOR_MAP_SWIZZLE_128B, "W/Kh/Kh lo");
     if (!st.ok()) return st;
   }
@@ -631,7 +639,8 @@ Status launch(const PrefillParams& p, const WorkspacePlan& plan, const void* wor
     return Status(StatusCode::kUnsupported, "recurrence: N * HV * segments * slices must stay below 2^31, got " +
                                                 std::to_string(num_ctas));
   if constexpr (kValueRows == 64 || kValueRows == 128) {
-    return launch_wgmma<kValueRows, kSummary>(kp, tma, num_ctas, stream);
+    return f16 ? launch_wgmma<kValueRows, kSummary, true>(kp, tma, num_ctas, stream)
+               : launch_wgmma<kValueRows, kSummary, false>(kp, tma, num_ctas, stream);
   } else {
     static_assert(!kSummary, "summary passes run on the wgmma kernel (64 or 128 value rows)");
     auto kernel = kda_prefill_recurrence_sm90_kernel<kValueRows>;

@@ -57,7 +57,76 @@ constexpr bool kProducerWarp = kValueRows == 64;
 template <int kValueRows>
 constexpr int kCtaThreads = kValueRows * 2 + (kProducerWarp<kValueRows> ? 32 : 0);
 
-template <int kValueRows, bool kSummary>
+// ---- fp16 operands (kF16: an fp16 chunk block, WorkspacePlan::f16_block) ----------------------
+// The state registers hold S~ = 2^-E S, with one integer E per value row (rows never mix: the
+// products of a row only involve that row of S0^T, U^T and O^T). Each chunk first moves every
+// row's E so that its largest |S~| and |U0| 2^-E (over the quad's four threads, which hold the
+// row's 128 key channels and 64 tokens) lie in [1, 2); then S0~, U~ = U0 2^-E - S0~ W, O~ and
+// S~' = S0~ D + U~ Kh are all the same row's scaled values, and one fp16 pass of each operand
+// (11 significant bits; bf16 keeps 8) replaces the bf16 hi + lo passes. Ranges: |W| < 1 and
+// |Kh| <= 1 for L2-normed keys (the dispatcher's condition) bound |U~| by ~1 + 128 and |S~'| by
+// ~2^13 before the next rescale, inside fp16's 65504. The output leaves as O~ 2^E and the state
+// I/O applies 2^E. docs/design/20261204-prefill-fp16-recurrence.md has the rounding model.
+
+// 2^n as a float, n in [-126, 127].
+__device__ __forceinline__ float exp2i(int n) { return __uint_as_float(uint32_t(n + 127) << 23); }
+
+// Rows of the thread's state fragment times f[0] (value row g) and f[1] (g + 8).
+__device__ __forceinline__ void scale_state_rows(float (&s)[16][4], const float (&f)[2]) {
+#pragma unroll
+  for (int j = 0; j < 16; ++j) {
+    s[j][0] *= f[0];
+    s[j][1] *= f[0];
+    s[j][2] *= f[1];
+    s[j][3] *= f[1];
+  }
+}
+// The state's true values 2^E S~ (undo: scale by 2^-E), for the state I/O.
+__device__ __forceinline__ void state_to_true_scale(float (&s)[16][4], const int (&e)[2], bool inverse) {
+  const float f[2] = {exp2i(inverse ? -e[0] : e[0]), exp2i(inverse ? -e[1] : e[1])};
+  scale_state_rows(s, f);
+}
+
+// The chunk's rescale: new exponents e from the rows' largest |S~| and |U0| 2^-e, S~ by the change,
+// U0 (u: the m64n64 accumulator layout, rows g at u[4 nt + e], g + 8 at u[4 nt + 2 + e]) into U0~.
+__device__ __forceinline__ void rescale_rows(float (&s)[16][4], float (&u)[32], int (&e)[2]) {
+  float ms[2] = {0.f, 0.f}, mu[2] = {0.f, 0.f};
+#pragma unroll
+  for (int j = 0; j < 16; ++j) {
+    ms[0] = fmaxf(ms[0], fmaxf(fabsf(s[j][0]), fabsf(s[j][1])));
+    ms[1] = fmaxf(ms[1], fmaxf(fabsf(s[j][2]), fabsf(s[j][3])));
+  }
+#pragma unroll
+  for (int nt = 0; nt < 8; ++nt) {
+    mu[0] = fmaxf(mu[0], fmaxf(fabsf(u[4 * nt]), fabsf(u[4 * nt + 1])));
+    mu[1] = fmaxf(mu[1], fmaxf(fabsf(u[4 * nt + 2]), fabsf(u[4 * nt + 3])));
+  }
+  float fs[2], fu[2];
+#pragma unroll
+  for (int hr = 0; hr < 2; ++hr) {
+    float m = fmaxf(ms[hr], mu[hr] * exp2i(-e[hr]));
+    m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
+    m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
+    // m in [2^d, 2^(d + 1)); a zero row keeps its exponent. E stays in [-100, 100], so that 2^E
+    // and 2^-E are normal floats.
+    int d = m > 0.f ? int(__float_as_uint(m) >> 23) - 127 : 0;
+    d = max(-120, min(120, d));
+    const int en = max(-100, min(100, e[hr] + d));
+    fs[hr] = exp2i(e[hr] - en);
+    fu[hr] = exp2i(-en);
+    e[hr] = en;
+  }
+  scale_state_rows(s, fs);
+#pragma unroll
+  for (int nt = 0; nt < 8; ++nt) {
+    u[4 * nt] *= fu[0];
+    u[4 * nt + 1] *= fu[0];
+    u[4 * nt + 2] *= fu[1];
+    u[4 * nt + 3] *= fu[1];
+  }
+}
+
+template <int kValueRows, bool kSummary, bool kF16>
 __global__ void __launch_bounds__(kCtaThreads<kValueRows>, 1)
     kda_prefill_recurrence_wgmma_sm90_kernel(const __grid_constant__ KernelParams p, const __grid_constant__ TmaParams tma) {
   using Cfg = Config<kValueRows>;
@@ -65,7 +134,7 @@ __global__ void __launch_bounds__(kCtaThreads<kValueRows>, 1)
   constexpr int kStages = Cfg::kStages;
   constexpr int kHalfBytes = int(Smem::kQwkArrays) * kChunk * 128;
   static_assert(kValueRows == 64 || kValueRows == 128, "wgmma m64: one or two warpgroups of 64 value rows");
-  static_assert(Smem::kQwkArrays == 4, "the state update reads Kh lo (array 3)");
+  static_assert(Smem::kQwkArrays == 4, "the stage keeps Kh lo's slot (array 3; unused on an fp16 block)");
   static_assert(Smem::kU0Swizzled && Smem::kU0BoxCols == 32, "u0_offset addresses the swizzled U0 tile");
   static_assert(Cfg::kThreads == kValueRows * 2, "one warp per 16 value rows");
 
@@ -100,12 +169,13 @@ __global__ void __launch_bounds__(kCtaThreads<kValueRows>, 1)
 
   // NOTE: summaries load neither Qt nor M (no output), nor, for Phi, U0 (zero).
   auto issue_chunk = [&](int j) {
-    issue_chunk_at<Smem, kStages, !kSummary>(smem, full, tma, p, chunk_begin + j_begin, h, v0, j, !phi_run);
+    issue_chunk_at<Smem, kStages, !kSummary, !kF16>(smem, full, tma, p, chunk_begin + j_begin, h, v0, j, !phi_run);
   };
   constexpr bool kProducer = kProducerWarp<kValueRows>;
   const bool is_issuer = threadIdx.x == (kProducer ? Cfg::kThreads : 0);
   if (is_issuer)
-    issue_first_chunks<Smem, kStages, !kSummary>(smem, full, tma, p, chunk_begin + j_begin, h, v0, num_chunks, !phi_run);
+    issue_first_chunks<Smem, kStages, !kSummary, !kF16>(smem, full, tma, p, chunk_begin + j_begin, h, v0, num_chunks,
+                                                        !phi_run);
   if constexpr (kProducer) {
     if (threadIdx.x >= Cfg::kThreads) {  // the producer warp: refills only
       if (is_issuer) {
@@ -127,6 +197,7 @@ __global__ void __launch_bounds__(kCtaThreads<kValueRows>, 1)
 
   float state[64];
   float(&state4)[16][4] = reinterpret_cast<float(&)[16][4]>(state);
+  int row_exp[2] = {0, 0};  // kF16: the state rows' exponents E (S~ = 2^-E S); 0 otherwise
   if constexpr (kSummary) {
     // Psi from zeros; Phi from the identity (row vrow of I in the fragment layout)
 #pragma unroll
@@ -170,7 +241,17 @@ __global__ void __launch_bounds__(kCtaThreads<kValueRows>, 1)
 
   for (int j = 0; j < num_chunks; ++j) {
     const int jg = j_begin + j;
-    if (write_chunk_states) store_chunk_state(state4, p, chunk_state_base, jg, chunks_per_state, h, vrow, t);
+    if (write_chunk_states) {
+      if constexpr (kF16) {
+        if (jg % chunks_per_state == 0) {
+          state_to_true_scale(state4, row_exp, false);
+          store_chunk_state(state4, p, chunk_state_base, jg, chunks_per_state, h, vrow, t);
+          state_to_true_scale(state4, row_exp, true);
+        }
+      } else {
+        store_chunk_state(state4, p, chunk_state_base, jg, chunks_per_state, h, vrow, t);
+      }
+    }
 
     const int s = j % kStages;  // landed: waited for before the loop or in the previous chunk
     const uint8_t* stage = smem + s * Smem::kStageBytes;
@@ -180,77 +261,135 @@ __global__ void __launch_bounds__(kCtaThreads<kValueRows>, 1)
     float accO[32];
     load_u0(j);
 
-    // ---- S0 as bf16 hi + lo A fragments of all 128 key channels (k-step kk)
-    uint32_t sa[8][4], sl[8][4];
-#pragma unroll
-    for (int kk = 0; kk < 8; ++kk) {
-      ptx::split_bf16(state4[2 * kk][0], state4[2 * kk][1], sa[kk][0], sl[kk][0]);
-      ptx::split_bf16(state4[2 * kk][2], state4[2 * kk][3], sa[kk][1], sl[kk][1]);
-      ptx::split_bf16(state4[2 * kk + 1][0], state4[2 * kk + 1][1], sa[kk][2], sl[kk][2]);
-      ptx::split_bf16(state4[2 * kk + 1][2], state4[2 * kk + 1][3], sa[kk][3], sl[kk][3]);
-    }
-    // ---- accU -= S0^T W^T (group 1), then accO = S0^T Qt^T (group 2): U, which the rest of the
-    // chunk waits for, leaves the tensor pipe first, and U's conversion below runs while the
-    // output's products are still in it
-    ptx::wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < 8; ++kk) {
-      common::gmma_rs<common::OpNegRS64>(sl[kk], qwk_desc_k<kHalfBytes>(qwk_base, 1, kk), accU, true);
-      common::gmma_rs<common::OpNegRS64>(sa[kk], qwk_desc_k<kHalfBytes>(qwk_base, 1, kk), accU, true);
-    }
-    ptx::wgmma_commit();
-    if constexpr (!kSummary) {
+    if constexpr (kF16) {
+      // ---- rescale, then S0~ as fp16 A fragments of all 128 key channels (k-step kk)
+      rescale_rows(state4, accU, row_exp);
+      uint32_t sa[8][4];
 #pragma unroll
       for (int kk = 0; kk < 8; ++kk) {
-        common::gmma_rs<common::OpRS64>(sa[kk], qwk_desc_k<kHalfBytes>(qwk_base, 0, kk), accO, kk > 0);
-        common::gmma_rs<common::OpRS64>(sl[kk], qwk_desc_k<kHalfBytes>(qwk_base, 0, kk), accO, true);
+        sa[kk][0] = ptx::pack_f16(state4[2 * kk][0], state4[2 * kk][1]);
+        sa[kk][1] = ptx::pack_f16(state4[2 * kk][2], state4[2 * kk][3]);
+        sa[kk][2] = ptx::pack_f16(state4[2 * kk + 1][0], state4[2 * kk + 1][1]);
+        sa[kk][3] = ptx::pack_f16(state4[2 * kk + 1][2], state4[2 * kk + 1][3]);
+      }
+      // ---- accU -= S0~ W^T (group 1), accO = S0~ Qt^T (group 2), one pass each (as below)
+      ptx::wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < 8; ++kk)
+        common::gmma_rs<common::OpNegRS64F16>(sa[kk], qwk_desc_k<kHalfBytes>(qwk_base, 1, kk), accU, true);
+      ptx::wgmma_commit();
+      if constexpr (!kSummary) {
+#pragma unroll
+        for (int kk = 0; kk < 8; ++kk)
+          common::gmma_rs<common::OpRS64F16>(sa[kk], qwk_desc_k<kHalfBytes>(qwk_base, 0, kk), accO, kk > 0);
+        ptx::wgmma_commit();
+        ptx::wgmma_wait<1>();
+      } else {
+        ptx::wgmma_wait<0>();
+      }
+      ptx::fence_operands(accU);
+      // ---- U~^T as fp16 A fragments (k = tokens)
+      uint32_t uh[4][4];
+#pragma unroll
+      for (int ks = 0; ks < 4; ++ks) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) uh[ks][i] = ptx::pack_f16(accU[8 * ks + 2 * i], accU[8 * ks + 2 * i + 1]);
+      }
+      if constexpr (!kSummary) {
+        ptx::wgmma_fence();
+#pragma unroll
+        for (int ks = 0; ks < 4; ++ks) common::gmma_rs<common::OpRS64F16>(uh[ks], m_desc(m_base, ks), accO, true);
+        ptx::wgmma_commit();
+      }
+      common::decay_state(state4, decay, t);
+      ptx::wgmma_fence();
+#pragma unroll
+      for (int ks = 0; ks < 4; ++ks)
+        common::gmma_rs<common::OpStateF16>(uh[ks], qwk_desc_mn<kHalfBytes>(qwk_base, 2, ks), state, true);
+      ptx::wgmma_commit();
+    } else {
+      // ---- S0 as bf16 hi + lo A fragments of all 128 key channels (k-step kk)
+      uint32_t sa[8][4], sl[8][4];
+#pragma unroll
+      for (int kk = 0; kk < 8; ++kk) {
+        ptx::split_bf16(state4[2 * kk][0], state4[2 * kk][1], sa[kk][0], sl[kk][0]);
+        ptx::split_bf16(state4[2 * kk][2], state4[2 * kk][3], sa[kk][1], sl[kk][1]);
+        ptx::split_bf16(state4[2 * kk + 1][0], state4[2 * kk + 1][1], sa[kk][2], sl[kk][2]);
+        ptx::split_bf16(state4[2 * kk + 1][2], state4[2 * kk + 1][3], sa[kk][3], sl[kk][3]);
+      }
+      // ---- accU -= S0^T W^T (group 1), then accO = S0^T Qt^T (group 2): U, which the rest of the
+      // chunk waits for, leaves the tensor pipe first, and U's conversion below runs while the
+      // output's products are still in it
+      ptx::wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < 8; ++kk) {
+        common::gmma_rs<common::OpNegRS64>(sl[kk], qwk_desc_k<kHalfBytes>(qwk_base, 1, kk), accU, true);
+        common::gmma_rs<common::OpNegRS64>(sa[kk], qwk_desc_k<kHalfBytes>(qwk_base, 1, kk), accU, true);
       }
       ptx::wgmma_commit();
-    }
-    if constexpr (!kSummary) {
-      ptx::wgmma_wait<1>();
-    } else {
-      ptx::wgmma_wait<0>();
-    }
-    ptx::fence_operands(accU);
-
-    // ---- U^T as bf16 hi + lo A fragments (k = tokens)
-    uint32_t uh[4][4], ul[4][4];
+      if constexpr (!kSummary) {
 #pragma unroll
-    for (int ks = 0; ks < 4; ++ks) {
-      ptx::split_bf16(accU[8 * ks], accU[8 * ks + 1], uh[ks][0], ul[ks][0]);
-      ptx::split_bf16(accU[8 * ks + 2], accU[8 * ks + 3], uh[ks][1], ul[ks][1]);
-      ptx::split_bf16(accU[8 * ks + 4], accU[8 * ks + 5], uh[ks][2], ul[ks][2]);
-      ptx::split_bf16(accU[8 * ks + 6], accU[8 * ks + 7], uh[ks][3], ul[ks][3]);
-    }
+        for (int kk = 0; kk < 8; ++kk) {
+          common::gmma_rs<common::OpRS64>(sa[kk], qwk_desc_k<kHalfBytes>(qwk_base, 0, kk), accO, kk > 0);
+          common::gmma_rs<common::OpRS64>(sl[kk], qwk_desc_k<kHalfBytes>(qwk_base, 0, kk), accO, true);
+        }
+        ptx::wgmma_commit();
+      }
+      if constexpr (!kSummary) {
+        ptx::wgmma_wait<1>();
+      } else {
+        ptx::wgmma_wait<0>();
+      }
+      ptx::fence_operands(accU);
 
-    // ---- accO += U^T M^T (accumulates behind the group of S0^T Qt^T, same registers)
-    if constexpr (!kSummary) {
+      // ---- U^T as bf16 hi + lo A fragments (k = tokens)
+      uint32_t uh[4][4], ul[4][4];
+#pragma unroll
+      for (int ks = 0; ks < 4; ++ks) {
+        ptx::split_bf16(accU[8 * ks], accU[8 * ks + 1], uh[ks][0], ul[ks][0]);
+        ptx::split_bf16(accU[8 * ks + 2], accU[8 * ks + 3], uh[ks][1], ul[ks][1]);
+        ptx::split_bf16(accU[8 * ks + 4], accU[8 * ks + 5], uh[ks][2], ul[ks][2]);
+        ptx::split_bf16(accU[8 * ks + 6], accU[8 * ks + 7], uh[ks][3], ul[ks][3]);
+      }
+
+      // ---- accO += U^T M^T (accumulates behind the group of S0^T Qt^T, same registers)
+      if constexpr (!kSummary) {
+        ptx::wgmma_fence();
+#pragma unroll
+        for (int ks = 0; ks < 4; ++ks) {
+          common::gmma_rs<common::OpRS64>(ul[ks], m_desc(m_base, ks), accO, true);
+          common::gmma_rs<common::OpRS64>(uh[ks], m_desc(m_base, ks), accO, true);
+        }
+        ptx::wgmma_commit();
+      }
+
+      // ---- S^T = S0^T diag(decay) + U^T Kh (Kh as hi + lo)
+      common::decay_state(state4, decay, t);
       ptx::wgmma_fence();
 #pragma unroll
       for (int ks = 0; ks < 4; ++ks) {
-        common::gmma_rs<common::OpRS64>(ul[ks], m_desc(m_base, ks), accO, true);
-        common::gmma_rs<common::OpRS64>(uh[ks], m_desc(m_base, ks), accO, true);
+        common::gmma_rs<common::OpState>(ul[ks], qwk_desc_mn<kHalfBytes>(qwk_base, 2, ks), state, true);
+        common::gmma_rs<common::OpState>(uh[ks], qwk_desc_mn<kHalfBytes>(qwk_base, 3, ks), state, true);
+        common::gmma_rs<common::OpState>(uh[ks], qwk_desc_mn<kHalfBytes>(qwk_base, 2, ks), state, true);
       }
       ptx::wgmma_commit();
     }
-
-    // ---- S^T = S0^T diag(decay) + U^T Kh (Kh as hi + lo)
-    common::decay_state(state4, decay, t);
-    ptx::wgmma_fence();
-#pragma unroll
-    for (int ks = 0; ks < 4; ++ks) {
-      common::gmma_rs<common::OpState>(ul[ks], qwk_desc_mn<kHalfBytes>(qwk_base, 2, ks), state, true);
-      common::gmma_rs<common::OpState>(uh[ks], qwk_desc_mn<kHalfBytes>(qwk_base, 3, ks), state, true);
-      common::gmma_rs<common::OpState>(uh[ks], qwk_desc_mn<kHalfBytes>(qwk_base, 2, ks), state, true);
-    }
-    ptx::wgmma_commit();
 
     // ---- O, while the state's group runs: value rows vrow, vrow + 8 of tokens 8 nt + 2t, +1
     // (wait<1>: every group but the state's, i.e. S0^T Qt^T and U^T M^T, has completed)
     if constexpr (!kSummary) {
       ptx::wgmma_wait<1>();
       ptx::fence_operands(accO);
+      if constexpr (kF16) {  // O = 2^E O~
+        const float f0 = exp2i(row_exp[0]), f1 = exp2i(row_exp[1]);
+#pragma unroll
+        for (int nt = 0; nt < 8; ++nt) {
+          accO[4 * nt] *= f0;
+          accO[4 * nt + 1] *= f0;
+          accO[4 * nt + 2] *= f1;
+          accO[4 * nt + 3] *= f1;
+        }
+      }
       common::store_o_tile(accO, o_seq + int64_t(jg) * kChunk * p.stride_o_t, p.stride_o_t,
                            min(kChunk, seq_len - jg * kChunk), p.o_pairs, g, t);
     }
@@ -276,6 +415,7 @@ __global__ void __launch_bounds__(kCtaThreads<kValueRows>, 1)
     }
   }
 
+  if constexpr (kF16) state_to_true_scale(state4, row_exp, false);
   if constexpr (kSummary) {
     // ---- Psi (fp32) or Phi (bf16 hi + lo, the combine pass's image) of this full segment
     uint8_t* area = segment_at(p, segment_slot(chunk_begin, seg, work.ls), h);
@@ -303,10 +443,10 @@ __global__ void __launch_bounds__(kCtaThreads<kValueRows>, 1)
   }
 }
 
-template <int kValueRows, bool kSummary>
+template <int kValueRows, bool kSummary, bool kF16>
 Status launch_wgmma(const KernelParams& kp, const TmaParams& tma, int64_t num_ctas, cudaStream_t stream) {
   using Smem = typename Config<kValueRows>::SharedMemoryPlan;
-  auto kernel = kda_prefill_recurrence_wgmma_sm90_kernel<kValueRows, kSummary>;
+  auto kernel = kda_prefill_recurrence_wgmma_sm90_kernel<kValueRows, kSummary, kF16>;
   static kdakit::cuda::PerDeviceOnce attr_once;  // per function and device (common/device_setup.cuh)
   cudaError_t err = kdakit::cuda::set_up_once_per_device(attr_once, [&] {
     return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(Smem::kAllocBytes));
@@ -317,10 +457,5 @@ Status launch_wgmma(const KernelParams& kp, const TmaParams& tma, int64_t num_ct
   if (err != cudaSuccess) return cuda_status(err, "kda_prefill_recurrence_wgmma_sm90_kernel launch", __LINE__);
   return Status::Ok();
 }
-
-template Status launch_wgmma<64, false>(const KernelParams&, const TmaParams&, int64_t, cudaStream_t);
-template Status launch_wgmma<128, false>(const KernelParams&, const TmaParams&, int64_t, cudaStream_t);
-template Status launch_wgmma<64, true>(const KernelParams&, const TmaParams&, int64_t, cudaStream_t);
-template Status launch_wgmma<128, true>(const KernelParams&, const TmaParams&, int64_t, cudaStream_t);
 
 }  // namespace kdakit::sm90::prefill::recurrence
