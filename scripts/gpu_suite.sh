@@ -101,6 +101,15 @@ if [ "$run_tests" = 1 ]; then
     echo "gtest $t[whole sequences, 64-row CTAs] rc=$? $(grep -E '^\[  (PASSED|FAILED|SKIPPED) ' "$log" | tr -s ' ' | tr '\n' ' ')" | tee -a "$summary"
     grep -E '^\[  FAILED  \].*\(' "$log" | head -3
   done
+  # The bf16 chunk block (Kh hi + lo, the hi + lo wgmma recurrence) on every two-kernel case: the
+  # default takes fp16 for L2-normed q and k on 64- and 128-row CTAs (dispatch.cu, f16_block).
+  for t in prefill_gpu_test prefill_pool_gpu_test; do
+    log="$out/logs/${t}_bf16_block.log"
+    KDAKIT_PREFILL_PATH=chunked KDAKIT_PREFILL_SEGMENTS=0:128 KDAKIT_PREFILL_BLOCK=bf16 timeout 300 "$stage/bin/$t" \
+      --gtest_brief=1 --gtest_filter='-*PrefillSegmentsGpu*' >"$log" 2>&1
+    echo "gtest $t[whole sequences, 128-row CTAs, bf16 block] rc=$? $(grep -E '^\[  (PASSED|FAILED|SKIPPED) ' "$log" | tr -s ' ' | tr '\n' ' ')" | tee -a "$summary"
+    grep -E '^\[  FAILED  \].*\(' "$log" | head -3
+  done
   for tool in memcheck racecheck synccheck; do
     KDAKIT_PREFILL_PATH=chunked KDAKIT_PREFILL_SEGMENTS=0:128 timeout 180 compute-sanitizer --tool $tool \
       "$stage/bin/prefill_gpu_test" --gtest_filter='*long_packed_softplus*:*many_short*:*strided*' \

@@ -147,6 +147,50 @@ TEST(PlanWorkspaceSize, SegmentSwitchAndItsWorkspace) {
   sm90::set_prefill_path(sm90::PrefillPath::kAuto);
 }
 
+// The chunk blocks' element type (dispatch.h, prefill_f16_block; docs/contract.md, "Kernel
+// paths"): fp16 for L2-normed q and k with |scale| in [1/16, 16] when the recurrence and summary
+// kernels run 64 or 128 value rows, bf16 otherwise; the overrides. Host only.
+TEST(PlanWorkspaceSize, ChunkBlockElementType) {
+  PrefillParams p = batch_fields(32768, 1, 4, nullptr);
+  p.num_qk_heads = 4;
+  p.head_dim_k = p.head_dim_v = 128;
+  p.use_qk_l2norm = true;
+  p.scale = 0.08838835f;
+  sm90::set_prefill_path(sm90::PrefillPath::kChunked);
+  sm90::set_prefill_segments(sm90::kSegmentsModel);
+  EXPECT_TRUE(sm90::prefill_f16_block(p));
+  sm90::set_prefill_segments(0, 128);
+  EXPECT_TRUE(sm90::prefill_f16_block(p));
+  sm90::set_prefill_segments(0, 64);
+  EXPECT_TRUE(sm90::prefill_f16_block(p));
+  sm90::set_prefill_segments(0, 32);  // the mma.sync kernel reads bf16 blocks
+  EXPECT_FALSE(sm90::prefill_f16_block(p));
+  sm90::set_prefill_segments(4, 16);  // segments: 64- or 128-row summaries, 16-row recurrence
+  EXPECT_FALSE(sm90::prefill_f16_block(p));
+  sm90::set_prefill_segments(0, 128);
+  p.use_qk_l2norm = false;  // unbounded q and k
+  EXPECT_FALSE(sm90::prefill_f16_block(p));
+  p.use_qk_l2norm = true;
+  for (const float s : {1.f / 32.f, 32.f, -32.f}) {
+    p.scale = s;
+    EXPECT_FALSE(sm90::prefill_f16_block(p)) << "scale " << s;
+  }
+  for (const float s : {1.f / 16.f, 16.f, -1.f}) {
+    p.scale = s;
+    EXPECT_TRUE(sm90::prefill_f16_block(p)) << "scale " << s;
+  }
+  sm90::set_prefill_block(0);
+  EXPECT_FALSE(sm90::prefill_f16_block(p));
+  p.use_qk_l2norm = false;
+  sm90::set_prefill_block(1);  // forced: wherever the kernels can
+  EXPECT_TRUE(sm90::prefill_f16_block(p));
+  sm90::set_prefill_segments(0, 32);
+  EXPECT_FALSE(sm90::prefill_f16_block(p));
+  sm90::set_prefill_block(-1);
+  sm90::set_prefill_segments(-1);
+  sm90::set_prefill_path(sm90::PrefillPath::kAuto);
+}
+
 // The longest-sequence hint (PrefillParams::max_seqlen): a packed batch averaging 32 tokens takes
 // the 16-token-tile kernel (its workspace is the plan region alone) unless the caller says that
 // one member is longer than the kernel's bound; then the two-kernel path and its chunk blocks.

@@ -179,6 +179,36 @@ prefill::SegmentChoice segment_choice(const PrefillParams& p) {
   return c;
 }
 
+// The chunk blocks' element type (WorkspacePlan::f16_block). fp16 (11 significant bits against
+// bf16's 8) lets the wgmma recurrence run one pass per operand where it runs bf16 hi + lo pairs
+// (64 m64n64k16 units a chunk and warpgroup become 28), and drops Kh lo from the block (107 KB
+// read per chunk and head become 91 KB). Its range needs bounded operands, so the default takes
+// it for L2-normed q and k with |scale| in [1/16, 16] (|Qt|, |M| <= |scale|, |Kh|, |W| < 1;
+// the state and U are scaled per row in the kernel), and only when both recurrence kernels of
+// the call are the wgmma one (64 or 128 value rows). Otherwise bf16.
+// KDAKIT_PREFILL_BLOCK=bf16 keeps bf16 (tests, A/B runs); =f16 takes fp16 wherever the kernels
+// can (64 or 128 rows), whatever the inputs; set_prefill_block overrides both.
+int block_override = -1;
+int forced_block() {
+  if (block_override >= 0) return block_override;
+  static const int env = [] {
+    const char* e = std::getenv("KDAKIT_PREFILL_BLOCK");
+    if (e == nullptr) return -1;
+    if (std::strcmp(e, "bf16") == 0) return 0;
+    if (std::strcmp(e, "f16") == 0) return 1;
+    return -1;
+  }();
+  return env;
+}
+bool f16_block(const PrefillParams& p, const prefill::SegmentChoice& c) {
+  const bool wgmma_only = c.rows >= 64 && (c.segment_chunks == 0 || c.summary_rows >= 64);
+  const int forced = forced_block();
+  if (!wgmma_only || forced == 0) return false;
+  if (forced == 1) return true;
+  const float s = p.scale < 0.f ? -p.scale : p.scale;
+  return p.use_qk_l2norm && s >= 1.f / 16.f && s <= 16.f;
+}
+
 // Segment length the workspace is sized for when only the batch sizes are known: the shortest
 // the cost model may pick for these heads (min_segment_chunks: the most slots), for sequences
 // long enough to be segmented.
@@ -297,6 +327,10 @@ void set_prefill_path(PrefillPath path) { path_override = path; }
 
 int32_t prefill_segment_chunks(const PrefillParams& p) { return segment_choice(p).segment_chunks; }
 
+bool prefill_f16_block(const PrefillParams& p) { return f16_block(p, segment_choice(p)); }
+
+void set_prefill_block(int f16) { block_override = f16 < 0 ? -1 : f16 != 0 ? 1 : 0; }
+
 void set_prefill_combine(int whole) { combine_override = whole < 0 ? -1 : whole != 0 ? 1 : 0; }
 
 void set_prefill_segments(int32_t segment_chunks, int rows) {
@@ -397,6 +431,7 @@ Status run_prefill(const PrefillParams& p, cudaStream_t stream) {
 
   const prefill::SegmentChoice seg = segment_choice(p);
   prefill::WorkspacePlan plan = plan_for(p, seg.segment_chunks);
+  plan.f16_block = f16_block(p, seg);
   const bool routed = route_on_device(p);
   if (routed) plan.route_bound = int32_t(kTile16MaxLength);
   if (p.workspace == nullptr || p.workspace_bytes < plan.total_bytes) {
@@ -432,9 +467,9 @@ Status run_prefill(const PrefillParams& p, cudaStream_t stream) {
   if (print)
     std::fprintf(stderr,
                  "kdakit prefill: N=%lld HV=%d max_chunks=%lld recurrence value_rows=%d segment_chunks=%d "
-                 "(summary rows %d; model %.0f us, whole sequences %.0f us)\n",
+                 "(summary rows %d; model %.0f us, whole sequences %.0f us) block %s\n",
                  (long long)p.num_seqs, p.num_v_heads, (long long)plan.max_chunks, rows, seg.segment_chunks,
-                 seg.summary_rows, seg.predicted_us, seg.unsegmented_us);
+                 seg.summary_rows, seg.predicted_us, seg.unsegmented_us, plan.f16_block ? "fp16" : "bf16");
   if (plan.segment_chunks > 0) {
     st = seg.summary_rows == 64 ? prefill::launch_prefill_summaries<64>(p, plan, p.workspace, stream)
                                 : prefill::launch_prefill_summaries<128>(p, plan, p.workspace, stream);

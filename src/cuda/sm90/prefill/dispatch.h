@@ -24,6 +24,13 @@ void set_prefill_segments(int32_t segment_chunks, int rows = 0);
 // one (the default), negatives remove the override (KDAKIT_PREFILL_COMBINE=whole, read once, or
 // the default). The two agree bit for bit; tests run both in one process.
 void set_prefill_combine(int whole);
+// The two-kernel path's chunk-block element type: 1 fp16 where the call allows it (what the
+// default picks), 0 bf16 (Kh hi + lo, the hi + lo recurrence), negatives remove the override
+// (KDAKIT_PREFILL_BLOCK=bf16|f16, read once, or the default). Tests run both in one process.
+void set_prefill_block(int f16);
+// Whether the two-kernel path's chunk blocks are fp16 for this call now (after the overrides);
+// reads no device memory.
+bool prefill_f16_block(const PrefillParams& p);
 // Segment length (chunks) the two-kernel path takes for this call now (0: whole sequences), after
 // the overrides; reads no device memory.
 int32_t prefill_segment_chunks(const PrefillParams& p);

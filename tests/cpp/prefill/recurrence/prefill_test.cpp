@@ -154,6 +154,7 @@ TEST_P(PrefillSegmentsGpu, AccuracyEqualsWholeSequences) {
   SCOPED_TRACE(c.name + ", " + rng.trace());
   PrefillTensors model = make_prefill_tensors(c, rng);
   PrefillTensors again = model, short_segs = model, short_whole_combine = model, whole = model, ref = model;
+  PrefillTensors whole_bf16 = model;
 
   // the segment length each run takes (the dispatcher's choice for these sizes)
   const PrefillParams sizes = fill_prefill_params(c, model, host_pointers(model));
@@ -162,8 +163,10 @@ TEST_P(PrefillSegmentsGpu, AccuracyEqualsWholeSequences) {
   const int32_t ls_model = sm90::prefill_segment_chunks(sizes);
   const Status st_model = run_prefill_on_gpu(c, model);
   const Status st_again = run_prefill_on_gpu(c, again);
+  const bool f16_model = sm90::prefill_f16_block(sizes);
   sm90::set_prefill_segments(2, 32);
   const int32_t ls_short = sm90::prefill_segment_chunks(sizes);
+  const bool f16_short = sm90::prefill_f16_block(sizes);
   const Status st_short = run_prefill_on_gpu(c, short_segs);
   // the same segments through the one-CTA-per-head combine kernel (the default splits each head's
   // rows over a cluster; the products and their order are the same, so the results must be too)
@@ -172,14 +175,20 @@ TEST_P(PrefillSegmentsGpu, AccuracyEqualsWholeSequences) {
   sm90::set_prefill_combine(-1);
   sm90::set_prefill_segments(0);
   const int32_t ls_whole = sm90::prefill_segment_chunks(sizes);
+  const bool f16_whole = sm90::prefill_f16_block(sizes);
   const Status st_whole = run_prefill_on_gpu(c, whole);
+  // the same on the bf16 chunk block (the default takes fp16 for these L2-normed inputs)
+  sm90::set_prefill_block(0);
+  const Status st_whole_bf16 = run_prefill_on_gpu(c, whole_bf16);
+  sm90::set_prefill_block(-1);
   std::printf("[%s] segment chunks: model %d, forced %d, whole %d\n", c.name.c_str(), ls_model, ls_short, ls_whole);
   EXPECT_GT(ls_model, 0) << "the cost model keeps whole sequences for one long sequence at H = 1";
   EXPECT_EQ(ls_short, 2);
   EXPECT_EQ(ls_whole, 0);
+  EXPECT_FALSE(f16_short) << "32-row recurrence CTAs read bf16 blocks";
   sm90::set_prefill_segments(-1);
   sm90::set_prefill_path(sm90::PrefillPath::kAuto);
-  for (const Status* st : {&st_model, &st_again, &st_short, &st_short_whole_combine, &st_whole})
+  for (const Status* st : {&st_model, &st_again, &st_short, &st_short_whole_combine, &st_whole, &st_whole_bf16})
     ASSERT_TRUE(st->ok()) << st->message();
   ASSERT_TRUE(run_reference_fp32_output(c, ref).ok());
 
@@ -195,25 +204,49 @@ TEST_P(PrefillSegmentsGpu, AccuracyEqualsWholeSequences) {
   const double state_bar = c.dtype_state == DType::kBFloat16 ? 8e-3 : 2e-3;
   EXPECT_LE(eo_whole, 4e-3) << "whole sequences: output";
   EXPECT_LE(es_whole, state_bar) << "whole sequences: final state";
-  for (const auto& [label, t] : {std::pair<const char*, const PrefillTensors*>{"model's segments", &model},
-                                 {"segments of 2 chunks", &short_segs}}) {
-    SCOPED_TRACE(label);
+  // The default block (fp16 for these L2-normed inputs where the recurrence runs 64 or 128 value
+  // rows: one fp16 pass per operand) against the bf16 one (hi + lo passes): both within the bars,
+  // and different exactly when the default took fp16.
+  const double eo_bf16 = relative_l2(whole_bf16.o, ref.o).rel_l2;
+  const double es_bf16 = relative_l2(final_state_of(c, whole_bf16), fs_ref).rel_l2;
+  std::printf("[%s] whole sequences, %s block: o %.3e, final state %.3e; bf16 block: o %.3e, final state %.3e\n",
+              c.name.c_str(), f16_whole ? "fp16" : "bf16", eo_whole, es_whole, eo_bf16, es_bf16);
+  EXPECT_LE(eo_bf16, 4e-3) << "whole sequences, bf16 block: output";
+  EXPECT_LE(es_bf16, state_bar) << "whole sequences, bf16 block: final state";
+  if (f16_whole)
+    EXPECT_GT(relative_l2(whole_bf16.o, whole.o).rel_l2, 0.0) << "fp16 and bf16 blocks gave equal outputs";
+  else
+    EXPECT_TRUE(bitwise_equal("o (bf16 block forced)", whole_bf16.o, whole.o));
+  // Each segmented run against the whole-sequence run on the same block type (the forced 32-row
+  // segments read bf16 blocks).
+  struct Segmented {
+    const char* label;
+    const PrefillTensors* t;
+    const PrefillTensors* whole;
+  };
+  const PrefillTensors* whole_of_model = f16_model == f16_whole ? &whole : &whole_bf16;
+  for (const Segmented& r : {Segmented{"model's segments", &model, whole_of_model},
+                             Segmented{"segments of 2 chunks", &short_segs, &whole_bf16}}) {
+    SCOPED_TRACE(r.label);
+    const PrefillTensors* t = r.t;
     const HostTensor& fs = final_state_of(c, *t);
     const double eo = relative_l2(t->o, ref.o).rel_l2, es = relative_l2(fs, fs_ref).rel_l2;
-    const double vs_whole = relative_l2(t->o, whole.o).rel_l2;
+    const double eo_w = relative_l2(r.whole->o, ref.o).rel_l2;
+    const double es_w = relative_l2(final_state_of(c, *r.whole), fs_ref).rel_l2;
+    const double vs_whole = relative_l2(t->o, r.whole->o).rel_l2;
     std::printf("[%s] %s: o %.3e, final state %.3e; whole sequences: o %.3e, final state %.3e; "
                 "o vs whole %.3e\n",
-                c.name.c_str(), label, eo, es, eo_whole, es_whole, vs_whole);
+                c.name.c_str(), r.label, eo, es, eo_w, es_w, vs_whole);
     EXPECT_LE(eo, 4e-3) << "output";
     EXPECT_LE(es, state_bar) << "final state";
     // the chain costs no accuracy: within 10% (+ 1e-4) of the whole-sequence recurrence's error
-    EXPECT_LE(eo, 1.1 * eo_whole + 1e-4);
-    EXPECT_LE(es, 1.1 * es_whole + 1e-4);
+    EXPECT_LE(eo, 1.1 * eo_w + 1e-4);
+    EXPECT_LE(es, 1.1 * es_w + 1e-4);
     // and it ran: the start states passed through it round differently somewhere
     EXPECT_GT(vs_whole, 0.0) << "bitwise equal to the whole-sequence outputs: no segments ran";
     if (t->chunk_states.defined()) {
       const double ec = relative_l2(t->chunk_states, ref.chunk_states).rel_l2;
-      const double ec_whole = relative_l2(whole.chunk_states, ref.chunk_states).rel_l2;
+      const double ec_whole = relative_l2(r.whole->chunk_states, ref.chunk_states).rel_l2;
       EXPECT_LE(ec, 1.1 * ec_whole + 1e-4) << "chunk states " << ec << " vs whole " << ec_whole;
     }
   }
