@@ -170,41 +170,54 @@ constexpr int32_t min_segment_chunks(int32_t num_v_heads) { return num_v_heads <
 // (they are packed), which measured faster forced: H4 T=128K 64-chunk segments 1.461 ms against
 // 1.521, H8 T=32K 32: 0.766 / 0.790, H16 T=8K 16: 0.426 / 0.460; session 12, H4 T=8K 8:64:128
 // 0.148 against 16:32:64 0.162.
+// Predicted time of segments of ls chunks (rows and summary rows the cheapest), or nothing when
+// ls is not shorter than the longest chain. tight_full: count a packed batch's full segments
+// at most total / ls (a full segment holds ls chunks; choose_segments).
+constexpr SegmentChoice segments_of(const BatchChains& b, int64_t num_seqs, int32_t num_v_heads, int num_sms,
+                                    int32_t ls, bool tight_full) {
+  const bool packed = b.packed;
+  const RecurrenceCosts costs = b.costs;
+  const int64_t nc = b.chain;
+  const int64_t total_chunks = b.total;
+  const int64_t per_seq = (nc + ls - 1) / ls;
+  const int64_t segs = packed ? std::min<int64_t>(num_seqs * per_seq, per_seq + num_seqs) : num_seqs * per_seq;
+  int64_t full = packed ? std::min<int64_t>(num_seqs * (per_seq - 1), per_seq - 1 + num_seqs) : num_seqs * (per_seq - 1);
+  if (packed && tight_full) full = std::min<int64_t>(full, total_chunks / ls);
+  SegmentChoice c{};
+  c.segment_chunks = ls;
+  double summary = 1e30, rec = 1e30;
+  for (int r = costs.min_summary_rows; r <= 128; r *= 2) {
+    const int64_t ctas = full * num_v_heads * 2 * (128 / r);
+    const double t = pass_us(packed, ctas, ls, ctas * ls, 0.75 * costs.chunk_us(r), num_sms);
+    if (t < summary) { summary = t; c.summary_rows = r; }
+  }
+  for (int r = costs.min_rows < 32 ? 32 : costs.min_rows; r <= 128; r *= 2) {
+    const int64_t ctas = segs * num_v_heads * (128 / r);
+    const double t = pass_us(packed, ctas, ls, total_chunks * num_v_heads * (128 / r), costs.chunk_us(r), num_sms);
+    if (t < rec) { rec = t; c.rows = r; }
+  }
+  c.predicted_us =
+      summary + rec + (packed ? kCombineUsPerSegmentPacked : kCombineUsPerSegment) * double(per_seq - 1) + 6.0;
+  return c;
+}
+
 constexpr SegmentChoice choose_segments(int64_t batch, int64_t seqlen, int64_t num_seqs, bool packed,
                                         int32_t num_v_heads, int num_sms) {
   const SegmentChoice whole = whole_sequences(batch, seqlen, num_seqs, packed, num_v_heads, num_sms);
   const BatchChains b = batch_chains(batch, seqlen, num_seqs, packed);
-  packed = b.packed;
-  const RecurrenceCosts costs = b.costs;
-  SegmentChoice best = whole;
-  const int64_t nc = b.chain;
-  const int64_t total_chunks = b.total;
-  if (num_seqs <= 0 || nc <= 16) return best;
-  for (int32_t ls = min_segment_chunks(num_v_heads); ls <= 256; ls *= 2) {
-    if (ls >= nc) break;
-    const int64_t per_seq = (nc + ls - 1) / ls;
-    const int64_t segs = packed ? std::min<int64_t>(num_seqs * per_seq, per_seq + num_seqs) : num_seqs * per_seq;
-    const int64_t full = packed ? std::min<int64_t>(num_seqs * (per_seq - 1), per_seq - 1 + num_seqs)
-                                : num_seqs * (per_seq - 1);
-    SegmentChoice c{};
-    c.segment_chunks = ls;
-    double summary = 1e30, rec = 1e30;
-    for (int r = costs.min_summary_rows; r <= 128; r *= 2) {
-      const int64_t ctas = full * num_v_heads * 2 * (128 / r);
-      const double t = pass_us(packed, ctas, ls, ctas * ls, 0.75 * costs.chunk_us(r), num_sms);
-      if (t < summary) { summary = t; c.summary_rows = r; }
-    }
-    for (int r = costs.min_rows < 32 ? 32 : costs.min_rows; r <= 128; r *= 2) {
-      const int64_t ctas = segs * num_v_heads * (128 / r);
-      const double t = pass_us(packed, ctas, ls, total_chunks * num_v_heads * (128 / r), costs.chunk_us(r),
-                               num_sms);
-      if (t < rec) { rec = t; c.rows = r; }
-    }
-    c.predicted_us = summary + rec + (packed ? kCombineUsPerSegmentPacked : kCombineUsPerSegment) * double(per_seq - 1) + 6.0;
-    c.unsegmented_us = whole.unsegmented_us;
-    if (c.predicted_us < best.predicted_us) best = c;
+  if (num_seqs <= 0 || b.chain <= 16) return whole;
+  // Whether to segment: the shortest prediction with the loose count of full segments (what the
+  // packed rows were fitted with; the tight count makes segments look cheaper than they measure
+  // for batches of short sequences, e.g. H32 1024 x 8). Which segments: the tight count.
+  SegmentChoice loose = whole, best = whole;
+  for (int32_t ls = min_segment_chunks(num_v_heads); ls <= 256 && ls < b.chain; ls *= 2) {
+    const SegmentChoice l = segments_of(b, num_seqs, num_v_heads, num_sms, ls, false);
+    if (l.predicted_us < loose.predicted_us) loose = l;
+    SegmentChoice t = segments_of(b, num_seqs, num_v_heads, num_sms, ls, true);
+    if (best.segment_chunks == 0 || t.predicted_us < best.predicted_us) best = t;
   }
-  if (best.segment_chunks > 0 && best.predicted_us > 0.8 * whole.unsegmented_us) best = whole;
+  if (loose.segment_chunks == 0 || loose.predicted_us > 0.8 * whole.unsegmented_us) return whole;
+  best.unsegmented_us = whole.unsegmented_us;
   return best;
 }
 static_assert(choose_segments(1, 8192, 1, false, 96, 132).segment_chunks == 0, "H96: whole sequences");
@@ -246,7 +259,17 @@ static_assert(choose_segments(1, 32768, 1, false, 16, 132).segment_chunks == 64 
 static_assert(choose_segments(1, 32768, 1, false, 32, 132).segment_chunks == 0 &&
                   choose_segments(1, 32768, 1, false, 32, 132).rows == 64,
               "H32 T=32K: whole sequences on 64-row CTAs");
-static_assert(choose_segments(1, 40960, 9, true, 32, 132).segment_chunks == 16, "H32 32K + 8 x 1K: 16-chunk segments");
-static_assert(choose_segments(1, 40960, 9, true, 16, 132).segment_chunks == 32, "H16 32K + 8 x 1K: 32-chunk segments");
+// NOTE: the packed picks below take the tight count of full segments (segments_of). On the H200
+// (session 26, fp16 blocks, forced choices in one call, ms) the loose count's picks were H32 32K
+// + 8 x 1K 16:128:128 2.754 (128:128:128 2.427, 128:64:128 2.443), H16 32:128:128 1.314
+// (64:128:128 1.254, 128:64:128 1.248), H8 32:128:128 0.683 (64:64:128 0.656); H4 keeps 32:64:128
+// (0.377, the fastest forced 0.378).
+static_assert(choose_segments(1, 40960, 9, true, 32, 132).segment_chunks == 256, "H32 32K + 8 x 1K: 256-chunk segments");
+static_assert(choose_segments(1, 40960, 9, true, 16, 132).segment_chunks == 64 &&
+                  choose_segments(1, 40960, 9, true, 16, 132).rows == 128,
+              "H16 32K + 8 x 1K: 64-chunk segments, 128-row recurrence");
+static_assert(choose_segments(1, 40960, 9, true, 8, 132).segment_chunks == 64 &&
+                  choose_segments(1, 40960, 9, true, 8, 132).rows == 64,
+              "H8 32K + 8 x 1K: 64-chunk segments, 64-row recurrence");
 
 }  // namespace kdakit::sm90::prefill
