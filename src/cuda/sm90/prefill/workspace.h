@@ -40,6 +40,8 @@ inline constexpr int64_t kOrderedSeqs = 512;
 //   chunk_blocks + (size_t(c) * HV + h) * kChunkBlockBytes
 // with c the global chunk index (sequence n's chunks are [chunk_offsets[n], chunk_offsets[n+1])).
 // All arrays row-major, row = token r of the chunk.
+// Qt, W, Kh and M are fp16 on an fp16 block (WorkspacePlan::f16_block), whose Kh lo is left
+// unwritten.
 struct ChunkBlockLayout {
   static constexpr size_t kQtOffset = 0;                                    // bf16 [64][128]
   static constexpr size_t kWOffset = kQtOffset + kChunk * kHeadDim * 2;      // bf16 [64][128]

@@ -34,7 +34,8 @@ struct Config {
 
   // ---- shared memory plan (bytes; every TMA destination 1024-byte aligned for the 128B swizzle)
   struct SharedMemoryPlan {
-    // Qt, W, Kh, Kh lo of one chunk as two column halves [2][256 rows][64 cols] bf16,
+    // Qt, W, Kh, Kh lo of one chunk as two column halves [2][256 rows][64 cols] bf16 (fp16
+    // blocks: fp16, and Kh lo's rows stay unwritten),
     // 128B-swizzled: row 64 a + r of half c is array a (0 Qt, 1 W, 2 Kh, 3 Kh lo), token r, key
     // channels 64 c .. 64 c + 63.
     static constexpr int kQwkArrays = 4;

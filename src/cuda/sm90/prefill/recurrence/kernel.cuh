@@ -9,7 +9,9 @@
 // [64][128] fp32 and decay [128] fp32 read from the chunk block (c, h) of the workspace. S0^T
 // and U^T are rounded to bf16 only as MMA operands, each as bf16 hi + lo (S0^T against W and Qt,
 // U^T against M and Kh); the master state stays fp32 in registers from the first chunk to the last,
-// whatever the storage dtype of the initial/final state.
+// whatever the storage dtype of the initial/final state. (On an fp16 block, which only the wgmma
+// kernel reads, Qt, W, Kh and M are fp16, there is no Kh lo, and S0^T and U^T take one fp16 pass
+// each: wgmma.cuh.)
 //
 // Which kernel: CTAs of 64 and 128 value rows run the wgmma version (wgmma.cuh, same math,
 // workspace, stages and grid; measured 14% faster at 128 rows, H96 fixed recurrence 0.521 against

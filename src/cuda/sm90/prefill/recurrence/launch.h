@@ -51,6 +51,9 @@ Status launch_prefill_combine(const PrefillParams& p, const WorkspacePlan& plan,
 //   + 8 x 1K whole on 64 rows 2.396 against 16-chunk segments 2.938, but H64 mixed 0.909 against
 //   0.884 and H4 32K + 8 x 1K 0.479 against 0.417. Not refitted until a model sees the lengths
 //   (the plan, on the device).
+// NOTE: the times are the bf16 blocks' (session 25). On fp16 blocks (session 26) a chunk takes
+// ~1.4 us at 64 rows and ~2.7 at 128; the picks were kept, since on the single-sequence rows they
+// measured within 1.2% of the fastest forced choice (docs/design/20261201-prefill-segments.md).
 // NOTE: a summary CTA skips the output's products and stores (~25% fewer MMAs; charged 0.75 of a
 // chunk). The combine pass costs about 2 us per segment in a sequence's chain for fixed batches
 // and is charged 7 us for packed ones (the NOTEs below), each extra launch ~3 us.

@@ -12,6 +12,8 @@
 //   U^T  = U0^T - S0^T W^T        8 x (hi + lo) m64n64 (U0 from the stage, S0 as bf16 hi + lo)
 //   O^T  = S0^T Qt^T + U^T M^T    8 x (hi + lo) + 4 x (hi + lo) m64n64 (S0 hi + lo, U hi + lo)
 //   S^T  = S0^T diag(decay) + U^T Kh   4 x 3 m64n128 (U hi x Kh, U lo x Kh, U hi x Kh lo)
+// On an fp16 block (kF16) each product takes one fp16 pass, 8 + 8 + 4 m64n64 and 4 m64n128, with
+// the state rows scaled by powers of two (rescale_rows below).
 // The M product's group is committed before the state's; the output leaves from the accumulator
 // registers (neighbouring value channels paired through a shuffle) while the state's group runs.
 // NOTE: wgmma issues the chain's products asynchronously and at the full tensor rate of the
@@ -51,7 +53,9 @@ __device__ __forceinline__ uint64_t m_desc(uint32_t m_base, int ks) {
 // neither writes o, chunk states or the final state, and both skip Qt's and M's products.
 // At 64 value rows a fifth warp issues the stage refills (kProducerWarp; registers allow it:
 // 160 threads x 255): a refill is then issued as soon as the stage is free and is off the
-// warpgroup's chain. At 128 rows a ninth warp would leave ~227 registers per thread.
+// warpgroup's chain. At 128 rows a ninth warp does not fit: with 288 threads ptxas caps the
+// kernel at 168 registers (session 26: the fp16 kernel, 222 registers without it, spilled 44
+// bytes; the bf16 one needs ~250).
 template <int kValueRows>
 constexpr bool kProducerWarp = kValueRows == 64;
 template <int kValueRows>
