@@ -218,6 +218,15 @@ double bf16_at(const unsigned char* base, size_t off_bytes) {
   std::memcpy(&bits, base + off_bytes, 2);
   return cpu::bf16_to_float(bits);
 }
+double f16_at(const unsigned char* base, size_t off_bytes) {
+  uint16_t bits;
+  std::memcpy(&bits, base + off_bytes, 2);
+  return cpu::fp16_to_float(bits);
+}
+// An element of the block arrays Qt, W, Kh, M: bf16, or fp16 on an fp16 block (f16_block).
+double block_at(const unsigned char* base, size_t off_bytes, bool f16) {
+  return f16 ? f16_at(base, off_bytes) : bf16_at(base, off_bytes);
+}
 double f32_at(const unsigned char* base, size_t off_bytes) {
   float f;
   std::memcpy(&f, base + off_bytes, 4);
@@ -232,9 +241,10 @@ struct PrepRun {
   std::vector<unsigned char> workspace;  // device workspace after the run
 };
 
-// Runs plan + prep for params `p` (device pointers) into a poisoned workspace.
-void run_device(const PrefillParams& p, PrepRun& run) {
+// Runs plan + prep for params `p` (device pointers) into a poisoned workspace; f16: fp16 blocks.
+void run_device(const PrefillParams& p, PrepRun& run, bool f16 = false) {
   run.w = pf::make_workspace_plan(p.batch, p.seqlen, p.num_seqs, p.cu_seqlens != nullptr, p.num_v_heads);
+  run.w.f16_block = f16;
   void* ws = nullptr;
   CUDA_OK(cudaMalloc(&ws, run.w.total_bytes));
   CUDA_OK(cudaMemset(ws, kPoison, run.w.total_bytes));
@@ -252,17 +262,22 @@ struct PrepErrors {
   ArrayError qt{"Qt", 6e-3}, w{"W", 1e-2}, kh{"Kh", 6e-3}, m{"M", 1e-2}, u0{"U0", 6e-3}, decay{"decay", 1e-5};
   // Kh hi + lo against the float64 Kh: the fp32 gate sums and exponentials, not bf16, set it.
   ArrayError kh2{"Kh+lo", 1e-4};
+  // fp16 blocks: Qt and Kh hold 11 significant bits (bf16: 8), so their bars are 6x tighter; W
+  // and M keep theirs (their error is prep's products').
+  explicit PrepErrors(bool f16) {
+    if (f16) qt.bar = kh.bar = 1e-3;
+  }
 };
 
 // Runs case `c` on tensors `t` with the current prep variant and compares the whole workspace
-// with the reference.
-void check_tensors_once(const PrefillCase& c, PrefillTensors& t, bool check_twice) {
-  SCOPED_TRACE(c.name);
+// with the reference; f16: fp16 blocks (Qt, W, Kh, M in fp16, Kh lo left unwritten).
+void check_tensors_once(const PrefillCase& c, PrefillTensors& t, bool check_twice, bool f16) {
+  SCOPED_TRACE(c.name + (f16 ? ", fp16 block" : ", bf16 block"));
   DeviceCase dev;
   PrefillPointers dptr = map_pointers(t, [&](HostTensor& x) { return dev.upload(x); });
   const PrefillParams p = fill_prefill_params(c, t, dptr);
   PrepRun run;
-  run_device(p, run);
+  run_device(p, run, f16);
   if (::testing::Test::HasFatalFailure()) return;
 
   // Plan region, exactly.
@@ -294,8 +309,9 @@ void check_tensors_once(const PrefillCase& c, PrefillTensors& t, bool check_twic
 
   // Chunk blocks.
   const cpu::KdaProblem prob = cpu::make_problem(hp);
-  PrepErrors err;
+  PrepErrors err(f16);
   const int HV = c.HV;
+  int64_t kh_lo_written = 0;
   for (int64_t ch = 0; ch < rp.total; ++ch) {
     const int32_t n = rp.chunk_seq[size_t(ch)];
     const int j = int(ch - rp.chunk_offsets[size_t(n)]);
@@ -311,16 +327,20 @@ void check_tensors_once(const PrefillCase& c, PrefillTensors& t, bool check_twic
         for (int i = 0; i < kD; ++i) {
           const size_t e = size_t(r) * kD + i;
           const std::string where = at + " [" + std::to_string(r) + ", " + std::to_string(i) + "]";
-          err.qt.add(bf16_at(blk, Layout::kQtOffset + 2 * e), ref.qt[e], pad_row, where);
-          err.w.add(bf16_at(blk, Layout::kWOffset + 2 * e), ref.w[e], pad_row, where);
-          err.kh.add(bf16_at(blk, Layout::kKhOffset + 2 * e), ref.kh[e], pad_row, where);
-          err.kh2.add(bf16_at(blk, Layout::kKhOffset + 2 * e) + bf16_at(blk, Layout::kKhLoOffset + 2 * e), ref.kh[e],
-                      pad_row, where);
+          err.qt.add(block_at(blk, Layout::kQtOffset + 2 * e, f16), ref.qt[e], pad_row, where);
+          err.w.add(block_at(blk, Layout::kWOffset + 2 * e, f16), ref.w[e], pad_row, where);
+          err.kh.add(block_at(blk, Layout::kKhOffset + 2 * e, f16), ref.kh[e], pad_row, where);
+          if (!f16) {
+            err.kh2.add(bf16_at(blk, Layout::kKhOffset + 2 * e) + bf16_at(blk, Layout::kKhLoOffset + 2 * e), ref.kh[e],
+                        pad_row, where);
+          } else {
+            kh_lo_written += blk[Layout::kKhLoOffset + 2 * e] != kPoison || blk[Layout::kKhLoOffset + 2 * e + 1] != kPoison;
+          }
           err.u0.add(f32_at(blk, Layout::kU0Offset + 4 * e), ref.u0[e], pad_row, where);
         }
         for (int s = 0; s < kC; ++s) {
           const size_t e = size_t(r) * kC + s;
-          err.m.add(bf16_at(blk, Layout::kMOffset + 2 * e), ref.m[e], pad_row || s >= len,
+          err.m.add(block_at(blk, Layout::kMOffset + 2 * e, f16), ref.m[e], pad_row || s >= len,
                     at + " [" + std::to_string(r) + ", " + std::to_string(s) + "]");
         }
       }
@@ -335,7 +355,9 @@ void check_tensors_once(const PrefillCase& c, PrefillTensors& t, bool check_twic
   for (size_t b = written_end; b < run.w.total_bytes; ++b) {
     ASSERT_EQ(ws[b], kPoison) << "byte " << b - written_end << " past the chunk total was written";
   }
+  EXPECT_EQ(kh_lo_written, 0) << "an fp16 block's Kh lo was written";
   for (const ArrayError* a : {&err.qt, &err.w, &err.kh, &err.kh2, &err.m, &err.u0, &err.decay}) {
+    if (f16 && a == &err.kh2) continue;
     std::printf("    [%s] %s\n", c.name.c_str(), a->str().c_str());
     EXPECT_EQ(a->nonfinite, 0) << a->name << ": non-finite outputs";
     EXPECT_EQ(a->padding_bad, 0) << a->name << ": padding entries that are not +0";
@@ -344,15 +366,20 @@ void check_tensors_once(const PrefillCase& c, PrefillTensors& t, bool check_twic
 
   if (check_twice) {  // identical results run to run
     PrepRun again;
-    run_device(p, again);
+    run_device(p, again, f16);
     ASSERT_EQ(again.workspace.size(), run.workspace.size());
     EXPECT_EQ(std::memcmp(again.workspace.data(), run.workspace.data(), run.workspace.size()), 0)
         << "two runs differ";
   }
 }
 
+// Both block element types (the dispatcher takes fp16 for L2-normed inputs on 64- and 128-row
+// recurrence CTAs, bf16 otherwise).
 void check_tensors(const PrefillCase& c, PrefillTensors& t, bool check_twice = false) {
-  check_tensors_once(c, t, check_twice);
+  for (const bool f16 : {false, true}) {
+    check_tensors_once(c, t, check_twice, f16);
+    if (::testing::Test::HasFatalFailure()) return;
+  }
 }
 
 void check_case(const PrefillCase& c, Rng& rng, bool check_twice = false) {
