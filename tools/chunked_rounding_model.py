@@ -26,8 +26,10 @@ Operand names: Kh, W, Qt, M (hi + lo instead of bf16), S_w / S_q / S_wq (the bf1
 lo in the W product, the Qt product, or both), AM (prep's A^M operand of the M product as hi +
 lo), tf32upd (the state update as one tf32 product), f16rec (every operand of the recurrence's
 products as one fp16 pass with a power-of-two scale per operand), f16rec_fixed (the same with the
-prep's arrays as plain fp16, only the state and U scaled). The kernels as built since
-session 8 are AM+Kh+S_wq ("none" is the first kernels' rounding). Gates: slow and normal are log-uniform
+prep's arrays as plain fp16, only the state and U scaled), u0f16 / u0bf16 (U0 stored in the block
+as fp16 with a power-of-two scale per chunk tile, or as plain bf16, instead of fp32). The bf16
+kernels as built since session 8 are AM+Kh+S_wq ("none" is the first kernels' rounding); the fp16
+ones of session 26 AM+f16rec_fixed. Gates: slow and normal are log-uniform
 decay rates; lower_bound is -5 sigmoid(x), x uniform in [-4, 4] (the tests' default gate, without
 A_log and dt_bias). --seeds N reports the mean and the largest error over seeds seed .. seed + N - 1.
 """
@@ -155,6 +157,10 @@ def chunked(q, k, v, g, beta, s0, split: set[str]):
         Kh = upd_kh(kc * np.exp2(last - b2))
         W = r["W"](Tb @ Kt)
         U0 = Tb @ vc
+        if "u0f16" in split:
+            U0 = f16(U0)
+        elif "u0bf16" in split:
+            U0 = bf(U0)
         Mb = r["M"](M)
         U = U0 - W @ s_w(s)
         o[c0:c0 + n] = Qt @ s_q(s) + Mb @ m_u(U)
