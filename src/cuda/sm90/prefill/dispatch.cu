@@ -201,7 +201,7 @@ int forced_block() {
   return env;
 }
 bool f16_block(const PrefillParams& p, const prefill::SegmentChoice& c) {
-  const bool wgmma_only = c.rows >= 64 && (c.segment_chunks == 0 || c.summary_rows >= 64);
+  const bool wgmma_only = c.rows >= 64;  // summaries always run the wgmma kernel (64 or 128 rows)
   const int forced = forced_block();
   if (!wgmma_only || forced == 0) return false;
   if (forced == 1) return true;

@@ -31,7 +31,6 @@ __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
 
 // Two fp32 -> one register of two fp16 (lo in the low half), round to nearest even.
 using kdakit::cuda::pack_f16x2;
-__device__ __forceinline__ uint32_t pack_f16(float lo, float hi) { return pack_f16x2(lo, hi); }
 
 // x ~ hi + lo with hi = bf16(x), lo = bf16(x - hi), for two values at once (16 mantissa bits).
 __device__ __forceinline__ void split_bf16(float x0, float x1, uint32_t& hi, uint32_t& lo) {

@@ -163,15 +163,6 @@ __device__ __forceinline__ void load8(const T* ptr, float (&out)[8]) {
   }
 }
 
-__device__ __forceinline__ uint4 pack8(const float (&x)[8]) {
-  uint4 r;
-  r.x = kdakit::cuda::pack_bf16x2(x[0], x[1]);
-  r.y = kdakit::cuda::pack_bf16x2(x[2], x[3]);
-  r.z = kdakit::cuda::pack_bf16x2(x[4], x[5]);
-  r.w = kdakit::cuda::pack_bf16x2(x[6], x[7]);
-  return r;
-}
-
 // Two values of a block array (Qt, W, Kh, M) in the block's element type (PrepParams::f16_block).
 __device__ __forceinline__ uint32_t pack_block2(float lo, float hi, bool f16) {
   return f16 ? kdakit::cuda::pack_f16x2(lo, hi) : kdakit::cuda::pack_bf16x2(lo, hi);
@@ -180,6 +171,8 @@ __device__ __forceinline__ uint4 pack8_block(const float (&x)[8], bool f16) {
   return make_uint4(pack_block2(x[0], x[1], f16), pack_block2(x[2], x[3], f16), pack_block2(x[4], x[5], f16),
                     pack_block2(x[6], x[7], f16));
 }
+// Eight fp32 -> eight bf16 (the shared-memory tiles).
+__device__ __forceinline__ uint4 pack8(const float (&x)[8]) { return pack8_block(x, false); }
 
 // Wide-span channels' b2 (fp32) and raw k (bf16 bits), channel-major [128][64] so that phase 3's
 // lanes read 16 consecutive rows of one channel: written in phase 1c into block space that phase

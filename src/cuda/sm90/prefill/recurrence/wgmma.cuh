@@ -271,10 +271,10 @@ __global__ void __launch_bounds__(kCtaThreads<kValueRows>, 1)
       uint32_t sa[8][4];
 #pragma unroll
       for (int kk = 0; kk < 8; ++kk) {
-        sa[kk][0] = ptx::pack_f16(state4[2 * kk][0], state4[2 * kk][1]);
-        sa[kk][1] = ptx::pack_f16(state4[2 * kk][2], state4[2 * kk][3]);
-        sa[kk][2] = ptx::pack_f16(state4[2 * kk + 1][0], state4[2 * kk + 1][1]);
-        sa[kk][3] = ptx::pack_f16(state4[2 * kk + 1][2], state4[2 * kk + 1][3]);
+        sa[kk][0] = ptx::pack_f16x2(state4[2 * kk][0], state4[2 * kk][1]);
+        sa[kk][1] = ptx::pack_f16x2(state4[2 * kk][2], state4[2 * kk][3]);
+        sa[kk][2] = ptx::pack_f16x2(state4[2 * kk + 1][0], state4[2 * kk + 1][1]);
+        sa[kk][3] = ptx::pack_f16x2(state4[2 * kk + 1][2], state4[2 * kk + 1][3]);
       }
       // ---- accU -= S0~ W^T (group 1), accO = S0~ Qt^T (group 2), one pass each (as below)
       ptx::wgmma_fence();
@@ -297,7 +297,7 @@ __global__ void __launch_bounds__(kCtaThreads<kValueRows>, 1)
 #pragma unroll
       for (int ks = 0; ks < 4; ++ks) {
 #pragma unroll
-        for (int i = 0; i < 4; ++i) uh[ks][i] = ptx::pack_f16(accU[8 * ks + 2 * i], accU[8 * ks + 2 * i + 1]);
+        for (int i = 0; i < 4; ++i) uh[ks][i] = ptx::pack_f16x2(accU[8 * ks + 2 * i], accU[8 * ks + 2 * i + 1]);
       }
       if constexpr (!kSummary) {
         ptx::wgmma_fence();
