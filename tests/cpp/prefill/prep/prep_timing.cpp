@@ -203,7 +203,8 @@ int main(int argc, char** argv) {
     CHECK_CUDA(cudaMalloc(&ws, ws_bytes));
     p.workspace = ws;
     p.workspace_bytes = ws_bytes;
-    const pf::WorkspacePlan w = pf::make_workspace_plan(1, T, N, packed, c.HV);
+    pf::WorkspacePlan w = pf::make_workspace_plan(1, T, N, packed, c.HV);
+    w.f16_block = kdakit::sm90::prefill_f16_block(p);  // the block type the whole call takes
 
     auto median_ms = [&](auto&& fn) -> double {
       for (int i = 0; i < 3; ++i) {
@@ -230,8 +231,8 @@ int main(int argc, char** argv) {
     const double prep = median_ms([&] { return pf::launch_prefill_prep(p, w, ws, stream); });
     const double full = median_ms([&] { return kdakit::sm90::run_prefill(p, stream); });
     CHECK_CUDA(cudaStreamSynchronize(stream));
-    std::printf("PREP_TIMING case=%s prep_ms=%.4f prefill_ms=%.4f pairs=%lld\n", c.name.c_str(), prep, full,
-                (long long)(w.max_chunks * c.HV));
+    std::printf("PREP_TIMING case=%s block=%s prep_ms=%.4f prefill_ms=%.4f pairs=%lld\n", c.name.c_str(),
+                w.f16_block ? "f16" : "bf16", prep, full, (long long)(w.max_chunks * c.HV));
     std::fflush(stdout);
     for (void* ptr : {q, k, v, g, b, dalog, ddt, dcu, o, state, ws}) CHECK_CUDA(cudaFree(ptr));
   }
