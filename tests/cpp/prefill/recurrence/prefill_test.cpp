@@ -169,7 +169,7 @@ TEST_P(PrefillSegmentsGpu, AccuracyEqualsWholeSequences) {
   const bool f16_short = sm90::prefill_f16_block(sizes);
   const Status st_short = run_prefill_on_gpu(c, short_segs);
   // the same segments through the one-CTA-per-head combine kernel (the default splits each head's
-  // rows over a cluster; the products and their order are the same, so the results must be too)
+  // rows over a cluster and sums its three passes apart: the same products, fp32 rounding apart)
   sm90::set_prefill_combine(1);
   const Status st_short_whole_combine = run_prefill_on_gpu(c, short_whole_combine);
   sm90::set_prefill_combine(-1);
@@ -250,12 +250,19 @@ TEST_P(PrefillSegmentsGpu, AccuracyEqualsWholeSequences) {
       EXPECT_LE(ec, 1.1 * ec_whole + 1e-4) << "chunk states " << ec << " vs whole " << ec_whole;
     }
   }
-  EXPECT_TRUE(bitwise_equal("o (whole-head combine)", short_whole_combine.o, short_segs.o));
-  EXPECT_TRUE(bitwise_equal("final state (whole-head combine)", final_state_of(c, short_whole_combine),
-                            final_state_of(c, short_segs)));
-  if (short_segs.chunk_states.defined())
-    EXPECT_TRUE(bitwise_equal("chunk states (whole-head combine)", short_whole_combine.chunk_states,
-                              short_segs.chunk_states));
+  // The two combine kernels: the same products, summed in another order (fp32): the states agree
+  // to ~4e-6 (H200), the bf16 output to ~1.2e-4 (a few of its roundings flip by one ulp, 2^-8).
+  const double combine_o = relative_l2(short_whole_combine.o, short_segs.o).rel_l2;
+  const double combine_state =
+      relative_l2(final_state_of(c, short_whole_combine), final_state_of(c, short_segs)).rel_l2;
+  std::printf("[%s] whole-head combine against the split one: o %.3e, final state %.3e\n", c.name.c_str(),
+              combine_o, combine_state);
+  EXPECT_LE(combine_o, 5e-4) << "o (whole-head combine)";
+  EXPECT_LE(combine_state, 1e-5) << "final state (whole-head combine)";
+  if (short_segs.chunk_states.defined()) {
+    EXPECT_LE(relative_l2(short_whole_combine.chunk_states, short_segs.chunk_states).rel_l2, 1e-5)
+        << "chunk states (whole-head combine)";
+  }
   EXPECT_TRUE(bitwise_equal("o (second run)", again.o, model.o));
   EXPECT_TRUE(bitwise_equal("final state (second run)", final_state_of(c, again), final_state_of(c, model)));
   if (model.chunk_states.defined())

@@ -21,8 +21,9 @@
 // shortened about eightfold in MMAs. The price is one
 // exchange per segment: warp w's two tiles, split into bf16 hi + lo, are exactly the A fragment
 // of k-step w, so each warp writes its fragment to shared memory and, after a CTA barrier, reads
-// all eight. Every CTA streams the whole Phi_s (64 KB per segment). Accumulation order per
-// output element is that of the whole-head kernel, so the two agree bit for bit. The cluster
+// all eight. Every CTA streams the whole Phi_s (64 KB per segment). Each pass (hi hi, lo hi,
+// hi lo) accumulates on its own and the three are added at the end, so the mma chain of a step
+// is 8 deep, not 24: the two kernels agree to fp32 rounding, not bit for bit. The cluster
 // exists for one barrier: S_0 overwrites Phi_0's global copy only after every CTA of the
 // (n, h) has Phi_0 in its shared memory.
 #include <cuda.h>
@@ -67,6 +68,7 @@ __device__ __forceinline__ uint32_t phi_addr(uint32_t base, int row, int chunk16
 // plan's offsets are device data, clamped so that no load leaves the workspace.
 struct Chain {
   int c0, ls, nseg;
+  int64_t slot0;  // segment_slot(c0, 0, ls); segment s's is slot0 + s (s ls is a multiple of ls)
 };
 __device__ __forceinline__ Chain chain_of(const CombineParams& p, int n) {
   Chain c;
@@ -76,16 +78,16 @@ __device__ __forceinline__ Chain chain_of(const CombineParams& p, int n) {
   nc = max(0, min(nc, int(p.max_chunks) - c.c0));
   c.ls = p.segment_chunks;
   c.nseg = max(1, (nc + c.ls - 1) / c.ls);
+  c.slot0 = segment_slot(c.c0, 0, c.ls);
   return c;
 }
 // Segment s's area (Psi, Phi hi, Phi lo) for value head h.
 __device__ __forceinline__ uint8_t* segment_area(const CombineParams& p, const Chain& c, int h, int s) {
-  const int64_t slot = segment_slot(c.c0, s, c.ls);
+  const int64_t slot = c.slot0 + s;  // no division per step (the chain's head, session 27)
   return p.segments + (size_t(slot) * p.num_v_heads + h) * kSegmentBytes;
 }
-// Phi_s (hi, lo) from `area` into buffer s % 2 of shared memory, completing on full[s % 2].
-__device__ __forceinline__ void issue_phi(uint8_t* smem, uint64_t* full, const uint8_t* area, int s) {
-  const int b = s & 1;
+// Phi_s (hi, lo) from `area` into buffer b of shared memory, completing on full[b].
+__device__ __forceinline__ void issue_phi(uint8_t* smem, uint64_t* full, const uint8_t* area, int b) {
   uint8_t* buf = smem + b * kBufferBytes;
   ptx::mbarrier_arrive_expect_tx(&full[b], 2 * kPhiBytes);
   ptx::bulk_load(buf, area + SegmentLayout::kPhiHiOffset, kPhiBytes, &full[b]);
@@ -105,7 +107,7 @@ __global__ void __launch_bounds__(kThreads, 1) kda_prefill_combine_sm90_kernel(c
   if (chain.nseg < 2) return;
   const int full_segments = chain.nseg - 1;
   auto area = [&](int s) { return segment_area(p, chain, h, s); };
-  auto issue = [&](int s) { issue_phi(smem, full, area(s), s); };
+  auto issue = [&](int s) { issue_phi(smem, full, area(s), s & 1); };
   if (threadIdx.x == 0) {
     ptx::mbarrier_init(&full[0], 1);
     ptx::mbarrier_init(&full[1], 1);
@@ -177,17 +179,23 @@ __global__ void __launch_bounds__(kThreads, 1) kda_prefill_combine_sm90_kernel(c
 
 constexpr int kRowBlocks = kHeadDim / 16;          // CTAs per (n, h), one cluster
 constexpr int kSplitTiles = 2;                       // key tiles (of 8) per warp
-constexpr size_t kExchangeOffset = kBarrierOffset + 2 * 8 + 112;  // 16-byte aligned after the barriers
-constexpr size_t kExchangeBytes = size_t(kWarps) * 2 * 4 * 32 * 4;  // [k-step][hi, lo][reg][lane] u32
+// NOTE: the split kernel keeps three Phi buffers, Phi_{s+3} loading during steps s + 1 and s + 2: with
+// two, each 64 KB load had one step (~0.3 us of mma) to land and the chain waited on it (~1.5 us a
+// step at H4 T = 32K, session 27).
+constexpr int kSplitBuffers = 3;
+constexpr size_t kSplitBarrierOffset = kSplitBuffers * kBufferBytes;
+constexpr size_t kExchangeOffset = kSplitBarrierOffset + kSplitBuffers * 8 + 104;  // 16-byte aligned
+constexpr size_t kExchangeBytes = size_t(kWarps) * 2 * 32 * 16;  // [k-step][hi, lo][lane] 4 x u32
 constexpr size_t kSplitAllocBytes = kExchangeOffset + kExchangeBytes + 128;
 static_assert(kWarps * kSplitTiles * 8 == kHeadDim, "the warps' tiles cover the key channels");
 static_assert(kExchangeOffset % 16 == 0, "the exchange buffer is read as 16-byte vectors");
+static_assert(kSplitAllocBytes <= 227 * 1024, "the split kernel's shared memory fits an SM");
 
 __global__ void __launch_bounds__(kThreads, 1)
     kda_prefill_combine_split_sm90_kernel(const __grid_constant__ CombineParams p) {
   extern __shared__ uint8_t smem_raw[];
   uint8_t* smem = smem_raw + ((128u - (ptx::smem_addr(smem_raw) & 127u)) & 127u);
-  uint64_t* full = reinterpret_cast<uint64_t*>(smem + kBarrierOffset);
+  uint64_t* full = reinterpret_cast<uint64_t*>(smem + kSplitBarrierOffset);
   uint32_t* exchange = reinterpret_cast<uint32_t*>(smem + kExchangeOffset);
 
   const int HV = p.num_v_heads;
@@ -200,16 +208,14 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (chain.nseg < 2) return;  // the whole cluster returns: same (n, h)
   const int full_segments = chain.nseg - 1;
   auto area = [&](int s) { return segment_area(p, chain, h, s); };
-  auto issue = [&](int s) { issue_phi(smem, full, area(s), s); };
+  auto issue = [&](int s) { issue_phi(smem, full, area(s), s % kSplitBuffers); };
   if (threadIdx.x == 0) {
-    ptx::mbarrier_init(&full[0], 1);
-    ptx::mbarrier_init(&full[1], 1);
+    for (int b = 0; b < kSplitBuffers; ++b) ptx::mbarrier_init(&full[b], 1);
     ptx::fence_barrier_init();
   }
   __syncthreads();
   if (threadIdx.x == 0) {
-    issue(0);
-    if (full_segments > 1) issue(1);
+    for (int s = 0; s < kSplitBuffers && s < full_segments; ++s) issue(s);
   }
 
   const int warp = threadIdx.x / 32;
@@ -224,40 +230,49 @@ __global__ void __launch_bounds__(kThreads, 1)
   float state[kSplitTiles][4];
   common::load_initial_state(state, p, n, h, vrow, quad, tile0);
 
-  // NOTE: Psi_{s+1} is loaded during step s: loaded at the head of its own step, each Psi cost a
-  // DRAM round trip on the serial chain, about half of the ~2 us per step measured in session 10.
-  // Step s + 1 writes S_{s+2} over Psi_{s+1} only after this read, and each thread reads and
-  // writes only its own elements.
-  float psi[kSplitTiles][4];
+  // NOTE: Psi_s is loaded two steps ahead (during step s - 2): one step ahead, its L2/DRAM round
+  // trip still showed at the head of each step (Nsight Compute, H4 T = 32K, session 27). Step s
+  // writes S_{s+1} over this thread's elements of Psi_s only, after reading them.
+  float psi[kSplitTiles][4], psi_next[kSplitTiles][4];
   common::load_state(psi, area(0) + SegmentLayout::kPsiOffset, vrow, quad, common::segment_state_view(), tile0);
-  for (int s = 0; s < full_segments; ++s) {
-    const int b = s & 1;
+  if (full_segments > 1) {
+    common::load_state(psi_next, area(1) + SegmentLayout::kPsiOffset, vrow, quad, common::segment_state_view(),
+                       tile0);
+  }
+  // This thread's A fragment slots: [k-step][hi, lo][lane] 16 bytes each, so that writes and reads
+  // are whole 512-byte warp rows of 128-bit accesses.
+  uint4* exchange4 = reinterpret_cast<uint4*>(exchange);
+  for (int s = 0, b = 0, phase = 0; s < full_segments; ++s) {
     uint8_t* seg = area(s);
-    float acc[kSplitTiles][4];
+    // Three accumulators per tile, one per pass (hi hi from Psi_s; lo hi and hi lo from zero):
+    // chains of 8 dependent mma instead of one of 24.
+    float acc[kSplitTiles][4], acc_lh[kSplitTiles][4], acc_hl[kSplitTiles][4];
     #pragma unroll
     for (int j = 0; j < kSplitTiles; ++j) {
       #pragma unroll
-      for (int e = 0; e < 4; ++e) acc[j][e] = psi[j][e];
+      for (int e = 0; e < 4; ++e) {
+        acc[j][e] = psi[j][e];
+        psi[j][e] = psi_next[j][e];
+        acc_lh[j][e] = 0.f;
+        acc_hl[j][e] = 0.f;
+      }
     }
-    if (s + 1 < full_segments) {
-      common::load_state(psi, area(s + 1) + SegmentLayout::kPsiOffset, vrow, quad, common::segment_state_view(), tile0);
+    if (s + 2 < full_segments) {
+      common::load_state(psi_next, area(s + 2) + SegmentLayout::kPsiOffset, vrow, quad,
+                         common::segment_state_view(), tile0);
     }
 
     // This warp's tiles are the A fragment of k-step `warp`: publish it (hi, lo), then read all.
     {
-      uint32_t hi[4], lo[4];
-      ptx::split_bf16(state[0][0], state[0][1], hi[0], lo[0]);
-      ptx::split_bf16(state[0][2], state[0][3], hi[1], lo[1]);
-      ptx::split_bf16(state[1][0], state[1][1], hi[2], lo[2]);
-      ptx::split_bf16(state[1][2], state[1][3], hi[3], lo[3]);
-      uint32_t* mine = exchange + warp * 2 * 4 * 32;
-      #pragma unroll
-      for (int r = 0; r < 4; ++r) {
-        mine[r * 32 + lane] = hi[r];
-        mine[(4 + r) * 32 + lane] = lo[r];
-      }
+      uint4 hi, lo;
+      ptx::split_bf16(state[0][0], state[0][1], hi.x, lo.x);
+      ptx::split_bf16(state[0][2], state[0][3], hi.y, lo.y);
+      ptx::split_bf16(state[1][0], state[1][1], hi.z, lo.z);
+      ptx::split_bf16(state[1][2], state[1][3], hi.w, lo.w);
+      exchange4[(warp * 2) * 32 + lane] = hi;
+      exchange4[(warp * 2 + 1) * 32 + lane] = lo;
     }
-    ptx::mbarrier_wait(&full[b], (s >> 1) & 1);
+    ptx::mbarrier_wait(&full[b], phase);
     if (s == 0) {
       // Phi_0 is in every CTA's shared memory once the whole cluster is past this barrier: its
       // global copy becomes segment 0's start state.
@@ -271,28 +286,30 @@ __global__ void __launch_bounds__(kThreads, 1)
     const uint32_t lo_base = hi_base + kPhiBytes;
     #pragma unroll
     for (int ks = 0; ks < kWarps; ++ks) {
-      uint32_t a_hi[4], a_lo[4];
-      const uint32_t* frag = exchange + ks * 2 * 4 * 32;
-      #pragma unroll
-      for (int r = 0; r < 4; ++r) {
-        a_hi[r] = frag[r * 32 + lane];
-        a_lo[r] = frag[(4 + r) * 32 + lane];
-      }
+      const uint4 fh = exchange4[(ks * 2) * 32 + lane];
+      const uint4 fl = exchange4[(ks * 2 + 1) * 32 + lane];
+      const uint32_t a_hi[4] = {fh.x, fh.y, fh.z, fh.w};
+      const uint32_t a_lo[4] = {fl.x, fl.y, fl.z, fl.w};
       uint32_t bh[4], bl[4];
       ptx::ldmatrix_x4_trans(bh, phi_addr(hi_base, 16 * ks + ldt_row, 2 * warp + ldt_chunk));
       ptx::ldmatrix_x4_trans(bl, phi_addr(lo_base, 16 * ks + ldt_row, 2 * warp + ldt_chunk));
-      ptx::mma_bf16_16816(acc[0], a_lo, bh[0], bh[1]);
-      ptx::mma_bf16_16816(acc[1], a_lo, bh[2], bh[3]);
-      ptx::mma_bf16_16816(acc[0], a_hi, bl[0], bl[1]);
-      ptx::mma_bf16_16816(acc[1], a_hi, bl[2], bl[3]);
+      ptx::mma_bf16_16816(acc_lh[0], a_lo, bh[0], bh[1]);
+      ptx::mma_bf16_16816(acc_lh[1], a_lo, bh[2], bh[3]);
+      ptx::mma_bf16_16816(acc_hl[0], a_hi, bl[0], bl[1]);
+      ptx::mma_bf16_16816(acc_hl[1], a_hi, bl[2], bl[3]);
       ptx::mma_bf16_16816(acc[0], a_hi, bh[0], bh[1]);
       ptx::mma_bf16_16816(acc[1], a_hi, bh[2], bh[3]);
     }
-    // every warp has read buffer b and the exchange buffer: refill b with Phi_{s+2}
+    #pragma unroll
+    for (int j = 0; j < kSplitTiles; ++j) {
+      #pragma unroll
+      for (int e = 0; e < 4; ++e) acc[j][e] += acc_lh[j][e] + acc_hl[j][e];
+    }
+    // every warp has read buffer b and the exchange buffer: refill b with Phi_{s+3}
     __syncthreads();
-    if (threadIdx.x == 0 && s + 2 < full_segments) {
+    if (threadIdx.x == 0 && s + kSplitBuffers < full_segments) {
       ptx::fence_proxy_async_shared();
-      issue(s + 2);
+      issue(s + kSplitBuffers);
     }
     // S_{s+1}: the start state of segment s + 1, over this CTA's part of Psi_s
     common::store_state(acc, seg + SegmentLayout::kPsiOffset, vrow, quad, common::segment_state_view(), tile0);
@@ -301,6 +318,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       #pragma unroll
       for (int e = 0; e < 4; ++e) state[j][e] = acc[j][e];
     }
+    if (++b == kSplitBuffers) b = 0, phase ^= 1;
   }
 }
 
