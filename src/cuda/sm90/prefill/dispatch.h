@@ -22,7 +22,8 @@ inline constexpr int32_t kSegmentsModel = -2;
 void set_prefill_segments(int32_t segment_chunks, int rows = 0);
 // The combine pass of segmented prefill: 1 runs the one-CTA-per-head kernel, 0 the cluster-split
 // one (the default), negatives remove the override (KDAKIT_PREFILL_COMBINE=whole, read once, or
-// the default). The two agree bit for bit; tests run both in one process.
+// the default). The two agree to fp32 rounding (the split kernel sums its three passes apart);
+// tests run both in one process.
 void set_prefill_combine(int whole);
 // The two-kernel path's chunk-block element type: 1 fp16 where the call allows it (what the
 // default picks), 0 bf16 (Kh hi + lo, the hi + lo recurrence), negatives remove the override
