@@ -179,9 +179,10 @@ __global__ void __launch_bounds__(kThreads, 1) kda_prefill_combine_sm90_kernel(c
 
 constexpr int kRowBlocks = kHeadDim / 16;          // CTAs per (n, h), one cluster
 constexpr int kSplitTiles = 2;                       // key tiles (of 8) per warp
-// NOTE: the split kernel keeps three Phi buffers, Phi_{s+3} loading during steps s + 1 and s + 2: with
-// two, each 64 KB load had one step (~0.3 us of mma) to land and the chain waited on it (~1.5 us a
-// step at H4 T = 32K, session 27).
+// NOTE: the split kernel keeps three Phi buffers, Phi_{s+3} loading during steps s + 1 and s + 2 (with
+// two, a load had one step to land): 22.3 -> 20.7 us at H4 T = 32K (H200, session 27). What bounds
+// the step (~1.4 us there) is mostly shared-memory traffic, ~200 KB a step and CTA
+// (docs/design/20261201-prefill-segments.md, session 27).
 constexpr int kSplitBuffers = 3;
 constexpr size_t kSplitBarrierOffset = kSplitBuffers * kBufferBytes;
 constexpr size_t kExchangeOffset = kSplitBarrierOffset + kSplitBuffers * 8 + 104;  // 16-byte aligned
