@@ -85,6 +85,17 @@ __device__ __forceinline__ void scale_state_rows(float (&s)[16][4], const float 
     s[j][3] *= f[1];
   }
 }
+// Rows of an m64n64 accumulator fragment (rows g at u[4 nt + e], g + 8 at u[4 nt + 2 + e]) times
+// f[0] and f[1].
+__device__ __forceinline__ void scale_acc_rows(float (&u)[32], const float (&f)[2]) {
+#pragma unroll
+  for (int nt = 0; nt < 8; ++nt) {
+    u[4 * nt] *= f[0];
+    u[4 * nt + 1] *= f[0];
+    u[4 * nt + 2] *= f[1];
+    u[4 * nt + 3] *= f[1];
+  }
+}
 // The state's true values 2^E S~ (undo: scale by 2^-E), for the state I/O.
 __device__ __forceinline__ void state_to_true_scale(float (&s)[16][4], const int (&e)[2], bool inverse) {
   const float f[2] = {exp2i(inverse ? -e[0] : e[0]), exp2i(inverse ? -e[1] : e[1])};
@@ -121,13 +132,7 @@ __device__ __forceinline__ void rescale_rows(float (&s)[16][4], float (&u)[32], 
     e[hr] = en;
   }
   scale_state_rows(s, fs);
-#pragma unroll
-  for (int nt = 0; nt < 8; ++nt) {
-    u[4 * nt] *= fu[0];
-    u[4 * nt + 1] *= fu[0];
-    u[4 * nt + 2] *= fu[1];
-    u[4 * nt + 3] *= fu[1];
-  }
+  scale_acc_rows(u, fu);
 }
 
 template <int kValueRows, bool kSummary, bool kF16>
@@ -385,14 +390,8 @@ __global__ void __launch_bounds__(kCtaThreads<kValueRows>, 1)
       ptx::wgmma_wait<1>();
       ptx::fence_operands(accO);
       if constexpr (kF16) {  // O = 2^E O~
-        const float f0 = exp2i(row_exp[0]), f1 = exp2i(row_exp[1]);
-#pragma unroll
-        for (int nt = 0; nt < 8; ++nt) {
-          accO[4 * nt] *= f0;
-          accO[4 * nt + 1] *= f0;
-          accO[4 * nt + 2] *= f1;
-          accO[4 * nt + 3] *= f1;
-        }
+        const float f[2] = {exp2i(row_exp[0]), exp2i(row_exp[1])};
+        scale_acc_rows(accO, f);
       }
       common::store_o_tile(accO, o_seq + int64_t(jg) * kChunk * p.stride_o_t, p.stride_o_t,
                            min(kChunk, seq_len - jg * kChunk), p.o_pairs, g, t);
