@@ -216,7 +216,8 @@ constexpr SegmentChoice choose_segments(int64_t batch, int64_t seqlen, int64_t n
   for (int32_t ls = min_segment_chunks(num_v_heads); ls <= 256 && ls < b.chain; ls *= 2) {
     const SegmentChoice l = segments_of(b, num_seqs, num_v_heads, num_sms, ls, false);
     if (l.predicted_us < loose.predicted_us) loose = l;
-    SegmentChoice t = segments_of(b, num_seqs, num_v_heads, num_sms, ls, true);
+    // the tight count differs from the loose one for packed batches only
+    const SegmentChoice t = b.packed ? segments_of(b, num_seqs, num_v_heads, num_sms, ls, true) : l;
     if (best.segment_chunks == 0 || t.predicted_us < best.predicted_us) best = t;
   }
   if (loose.segment_chunks == 0 || loose.predicted_us > 0.8 * whole.unsegmented_us) return whole;
