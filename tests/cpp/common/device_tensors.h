@@ -53,8 +53,9 @@ class DeviceCopies {
 };
 
 // Runs case c through kdakit::prefill on device copies of t (on the default stream, with a
-// workspace of prefill_workspace_size bytes); on success the results are copied back into t.
-inline Status run_prefill_on_gpu(const PrefillCase& c, PrefillTensors& t) {
+// workspace of prefill_workspace_size bytes, every byte set to workspace_fill first when it is
+// 0..255); on success the results are copied back into t.
+inline Status run_prefill_on_gpu(const PrefillCase& c, PrefillTensors& t, int workspace_fill = -1) {
   DeviceCopies dev;
   const PrefillPointers ptr = map_pointers(t, [&](HostTensor& x) { return dev.map(x); });
   PrefillParams p = fill_prefill_params(c, t, ptr);
@@ -62,6 +63,8 @@ inline Status run_prefill_on_gpu(const PrefillCase& c, PrefillTensors& t) {
   void* ws = nullptr;
   if (p.workspace_bytes > 0) {
     EXPECT_EQ(cudaMalloc(&ws, p.workspace_bytes), cudaSuccess);
+    if (workspace_fill >= 0 && workspace_fill <= 255)
+      EXPECT_EQ(cudaMemset(ws, workspace_fill, p.workspace_bytes), cudaSuccess);
   }
   p.workspace = ws;
   const Status st = prefill(p, nullptr);

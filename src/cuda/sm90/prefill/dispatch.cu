@@ -114,13 +114,36 @@ PrefillPath forced_path() { return path_override != PrefillPath::kAuto ? path_ov
 // the whole-sequence path's (o 4.32e-3 vs 4.32e-3, state 3.11e-3 vs 3.10e-3).
 constexpr bool kSegmentsByDefault = true;
 // KDAKIT_PREFILL_COMBINE=whole: the segments' combine pass on the one-CTA-per-head kernel
-// (combine.cu) instead of the cluster-split default; set_prefill_combine overrides it.
+// (combine.cu) instead of the cluster-split default; =direct: the cluster split that loads Phi's
+// fragments into registers (session 28; not yet timed on a GPU, so not the default);
+// set_prefill_combine overrides both.
 int combine_override = -1;
-bool combine_whole() {
-  if (combine_override >= 0) return combine_override != 0;
-  static const bool env = [] {
+prefill::CombineKernel combine_kernel() {
+  using prefill::CombineKernel;
+  static const CombineKernel env = [] {
     const char* e = std::getenv("KDAKIT_PREFILL_COMBINE");
-    return e != nullptr && std::strcmp(e, "whole") == 0;
+    if (e != nullptr && std::strcmp(e, "whole") == 0) return CombineKernel::kWhole;
+    if (e != nullptr && std::strcmp(e, "direct") == 0) return CombineKernel::kDirect;
+    return CombineKernel::kSplit;
+  }();
+  switch (combine_override) {
+    case 0: return CombineKernel::kSplit;
+    case 1: return CombineKernel::kWhole;
+    case 2: return CombineKernel::kDirect;
+    default: return env;
+  }
+}
+// KDAKIT_PREFILL_FIXED_PLAN=prep: on the two-kernel path the prep kernel writes a fixed batch's
+// plan entries (WorkspacePlan::fixed_plan_by_prep; a fixed batch's plan is arithmetic) and no plan
+// kernel runs (~2.7 us of a graph's kernel time, session 27's --kernels, one launch fewer);
+// set_prefill_fixed_plan overrides it. Off by default until an H200 run has checked and timed it
+// (built in session 28 without a GPU).
+int fixed_plan_override = -1;
+bool fixed_plan_by_prep_on() {
+  if (fixed_plan_override >= 0) return fixed_plan_override != 0;
+  static const bool env = [] {
+    const char* e = std::getenv("KDAKIT_PREFILL_FIXED_PLAN");
+    return e != nullptr && std::strcmp(e, "prep") == 0;
   }();
   return env;
 }
@@ -331,7 +354,9 @@ bool prefill_f16_block(const PrefillParams& p) { return f16_block(p, segment_cho
 
 void set_prefill_block(int f16) { block_override = f16 < 0 ? -1 : f16 != 0 ? 1 : 0; }
 
-void set_prefill_combine(int whole) { combine_override = whole < 0 ? -1 : whole != 0 ? 1 : 0; }
+void set_prefill_fixed_plan(int by_prep) { fixed_plan_override = by_prep < 0 ? -1 : by_prep != 0 ? 1 : 0; }
+
+void set_prefill_combine(int kernel) { combine_override = kernel < 0 || kernel > 2 ? -1 : kernel; }
 
 void set_prefill_segments(int32_t segment_chunks, int rows) {
   segments_override = ForcedSegments{};
@@ -432,6 +457,10 @@ Status run_prefill(const PrefillParams& p, cudaStream_t stream) {
   const prefill::SegmentChoice seg = segment_choice(p);
   prefill::WorkspacePlan plan = plan_for(p, seg.segment_chunks);
   plan.f16_block = f16_block(p, seg);
+  const prefill::CombineKernel combine = combine_kernel();
+  plan.phi_fragments = combine == prefill::CombineKernel::kDirect;
+  // T = 0 has no prep CTA to write it: the plan kernel does
+  plan.fixed_plan_by_prep = p.cu_seqlens == nullptr && p.seqlen > 0 && fixed_plan_by_prep_on();
   const bool routed = route_on_device(p);
   if (routed) plan.route_bound = int32_t(kTile16MaxLength);
   if (p.workspace == nullptr || p.workspace_bytes < plan.total_bytes) {
@@ -449,8 +478,10 @@ Status run_prefill(const PrefillParams& p, cudaStream_t stream) {
                       "; size the workspace with prefill_workspace_size of this call's tensors)");
   }
 
-  // NOTE: with plan_ready the plan region already holds this batch's plan (kdakit::prefill_plan).
-  Status st = p.plan_ready ? Status::Ok() : prefill::launch_prefill_plan(p, plan, p.workspace, stream);
+  // NOTE: with plan_ready the plan region already holds this batch's plan (kdakit::prefill_plan);
+  // with fixed_plan_by_prep the prep kernel writes it (for the kernels after it).
+  Status st = p.plan_ready || plan.fixed_plan_by_prep ? Status::Ok()
+                                                      : prefill::launch_prefill_plan(p, plan, p.workspace, stream);
   if (!st.ok()) return st;
   if (routed) {
     if (print)
@@ -474,7 +505,7 @@ Status run_prefill(const PrefillParams& p, cudaStream_t stream) {
     st = seg.summary_rows == 64 ? prefill::launch_prefill_summaries<64>(p, plan, p.workspace, stream)
                                 : prefill::launch_prefill_summaries<128>(p, plan, p.workspace, stream);
     if (!st.ok()) return st;
-    st = prefill::launch_prefill_combine(p, plan, p.workspace, stream, combine_whole());
+    st = prefill::launch_prefill_combine(p, plan, p.workspace, stream, combine);
     if (!st.ok()) return st;
   }
   switch (rows) {

@@ -21,10 +21,17 @@ void set_prefill_path(PrefillPath path);
 inline constexpr int32_t kSegmentsModel = -2;
 void set_prefill_segments(int32_t segment_chunks, int rows = 0);
 // The combine pass of segmented prefill: 1 runs the one-CTA-per-head kernel, 0 the cluster-split
-// one (the default), negatives remove the override (KDAKIT_PREFILL_COMBINE=whole, read once, or
-// the default). The two agree to fp32 rounding (the split kernel sums its three passes apart);
-// tests run both in one process.
-void set_prefill_combine(int whole);
+// one (the default), 2 the cluster split that loads Phi into registers (the summaries then write
+// Phi as mma fragments), negatives remove the override (KDAKIT_PREFILL_COMBINE=whole|direct, read
+// once, or the default). The whole-head kernel agrees with the split to fp32 rounding (the split
+// kernel sums its three passes apart), the direct one bit for bit; tests run all three in one
+// process.
+void set_prefill_combine(int kernel);
+// Fixed batches on the two-kernel path without the plan kernel (the prep kernel writes their plan
+// entries): 1 on, 0 off (the default), negatives remove the override
+// (KDAKIT_PREFILL_FIXED_PLAN=prep, read once, or the default). Results are bit for bit the same
+// either way.
+void set_prefill_fixed_plan(int by_prep);
 // The two-kernel path's chunk-block element type: 1 fp16 where the call allows it (what the
 // default picks), 0 bf16 (Kh hi + lo, the hi + lo recurrence), negatives remove the override
 // (KDAKIT_PREFILL_BLOCK=bf16|f16, read once, or the default). Tests run both in one process.

@@ -154,6 +154,7 @@ TEST_P(PrefillSegmentsGpu, AccuracyEqualsWholeSequences) {
   SCOPED_TRACE(c.name + ", " + rng.trace());
   PrefillTensors model = make_prefill_tensors(c, rng);
   PrefillTensors again = model, short_segs = model, short_whole_combine = model, whole = model, ref = model;
+  PrefillTensors short_direct_combine = model;
   PrefillTensors whole_bf16 = model;
 
   // the segment length each run takes (the dispatcher's choice for these sizes)
@@ -172,6 +173,10 @@ TEST_P(PrefillSegmentsGpu, AccuracyEqualsWholeSequences) {
   // rows over a cluster and sums its three passes apart: the same products, fp32 rounding apart)
   sm90::set_prefill_combine(1);
   const Status st_short_whole_combine = run_prefill_on_gpu(c, short_whole_combine);
+  // and through the split kernel that loads Phi's fragments into registers (the summaries write
+  // the fragment image): the same products in the same order
+  sm90::set_prefill_combine(2);
+  const Status st_short_direct_combine = run_prefill_on_gpu(c, short_direct_combine);
   sm90::set_prefill_combine(-1);
   sm90::set_prefill_segments(0);
   const int32_t ls_whole = sm90::prefill_segment_chunks(sizes);
@@ -188,7 +193,8 @@ TEST_P(PrefillSegmentsGpu, AccuracyEqualsWholeSequences) {
   EXPECT_FALSE(f16_short) << "32-row recurrence CTAs read bf16 blocks";
   sm90::set_prefill_segments(-1);
   sm90::set_prefill_path(sm90::PrefillPath::kAuto);
-  for (const Status* st : {&st_model, &st_again, &st_short, &st_short_whole_combine, &st_whole, &st_whole_bf16})
+  for (const Status* st :
+       {&st_model, &st_again, &st_short, &st_short_whole_combine, &st_short_direct_combine, &st_whole, &st_whole_bf16})
     ASSERT_TRUE(st->ok()) << st->message();
   ASSERT_TRUE(run_reference_fp32_output(c, ref).ok());
 
@@ -263,6 +269,14 @@ TEST_P(PrefillSegmentsGpu, AccuracyEqualsWholeSequences) {
     EXPECT_LE(relative_l2(short_whole_combine.chunk_states, short_segs.chunk_states).rel_l2, 1e-5)
         << "chunk states (whole-head combine)";
   }
+  // The direct combine kernel: bit for bit the split one's (a wrong fragment image or a stale
+  // register step would not be)
+  EXPECT_TRUE(bitwise_equal("o (direct combine)", short_direct_combine.o, short_segs.o));
+  EXPECT_TRUE(bitwise_equal("final state (direct combine)", final_state_of(c, short_direct_combine),
+                            final_state_of(c, short_segs)));
+  if (short_segs.chunk_states.defined())
+    EXPECT_TRUE(bitwise_equal("chunk states (direct combine)", short_direct_combine.chunk_states,
+                              short_segs.chunk_states));
   EXPECT_TRUE(bitwise_equal("o (second run)", again.o, model.o));
   EXPECT_TRUE(bitwise_equal("final state (second run)", final_state_of(c, again), final_state_of(c, model)));
   if (model.chunk_states.defined())
@@ -271,6 +285,55 @@ TEST_P(PrefillSegmentsGpu, AccuracyEqualsWholeSequences) {
 
 INSTANTIATE_TEST_SUITE_P(Long, PrefillSegmentsGpu, ::testing::ValuesIn(long_cases()),
                          [](const ::testing::TestParamInfo<LongCase>& info) { return std::string(info.param.name); });
+
+// Fixed batches on the two-kernel path without the plan kernel (set_prefill_fixed_plan: the prep
+// kernel writes their plan entries): bit for bit the results of the run with the plan kernel, on
+// a workspace of 0xff bytes, so an entry left unwritten (an offset or length of -1) would show. Odd length with chunk states and GVA on whole sequences, then forced segments (the
+// summary, combine and recurrence passes on the derived map), bf16 K-first states in place.
+TEST(PrefillFixedPlanGpu, BitwiseTheRunWithThePlanKernel) {
+  if (!have_sm90()) GTEST_SKIP() << "no sm_90 GPU";
+  struct Run {
+    PrefillCase c;
+    int32_t segment_chunks;  // 0: whole sequences
+  };
+  const Run runs[] = {
+      {{.name = "fixed_odd_chunk_states", .batch = 3, .seqlen = 1001, .H = 2, .HV = 4, .K = 128, .V = 128,
+        .chunk_state_interval = 128},
+       0},
+      {{.name = "fixed_segments_bf16_kfirst_in_place", .batch = 2, .seqlen = 4100, .H = 1, .HV = 2, .K = 128,
+        .V = 128, .gate = GateMode::kPrecomputed, .has_A_log = false, .has_dt_bias = false, .slow_gate = true,
+        .dtype_state = DType::kBFloat16, .layout = StateLayout::kKFirst, .in_place = true,
+        .chunk_state_interval = 1024},
+       4},
+  };
+  for (const Run& r : runs) {
+    SCOPED_TRACE(r.c.name);
+    Rng rng = make_rng();
+    SCOPED_TRACE(rng.trace());
+    PrefillTensors with_plan = make_prefill_tensors(r.c, rng);
+    PrefillTensors derived = with_plan, ref = with_plan;
+    sm90::set_prefill_path(sm90::PrefillPath::kChunked);
+    sm90::set_prefill_segments(r.segment_chunks, r.segment_chunks > 0 ? 64 : 0);
+    const PrefillParams sizes = fill_prefill_params(r.c, with_plan, host_pointers(with_plan));
+    EXPECT_EQ(sm90::prefill_segment_chunks(sizes), r.segment_chunks);
+    sm90::set_prefill_fixed_plan(0);
+    const Status st_plan = run_prefill_on_gpu(r.c, with_plan, 0xff);
+    sm90::set_prefill_fixed_plan(1);
+    const Status st_derived = run_prefill_on_gpu(r.c, derived, 0xff);
+    sm90::set_prefill_fixed_plan(-1);
+    sm90::set_prefill_segments(-1);
+    sm90::set_prefill_path(sm90::PrefillPath::kAuto);
+    ASSERT_TRUE(st_plan.ok()) << st_plan.message();
+    ASSERT_TRUE(st_derived.ok()) << st_derived.message();
+    EXPECT_TRUE(bitwise_equal("o", derived.o, with_plan.o));
+    EXPECT_TRUE(bitwise_equal("final state", final_state_of(r.c, derived), final_state_of(r.c, with_plan)));
+    if (with_plan.chunk_states.defined())
+      EXPECT_TRUE(bitwise_equal("chunk states", derived.chunk_states, with_plan.chunk_states));
+    // and the run with the plan is the contract's (its own bar, against float64)
+    ASSERT_TRUE(run_reference_fp32_output(r.c, ref).ok());
+    EXPECT_LE(relative_l2(with_plan.o, ref.o).rel_l2, 4e-3) << "output";
+  }
+}
 
 // The 16-token-tile kernel (KDAKIT_PREFILL_PATH=tile16; src/cuda/sm90/prefill/tile16) on gates
 // that only it treats its own way: channels whose base-2 gate sum drops by more than 192 within

@@ -229,6 +229,13 @@ struct PrepParams {
   // Qt, W, Kh and M as fp16 and no Kh lo (WorkspacePlan::f16_block); else bf16 with Kh hi + lo
   bool f16_block;
   Route route;  // a routed call: the CTAs exit unless the plan's longest sequence is past the bound
+  // A fixed batch whose plan kernel the dispatcher skipped (WorkspacePlan::fixed_plan_by_prep):
+  // the CTA of each sequence's first chunk at value head 0 writes the sequence's plan entries
+  // (chunk_offsets[n], and [N] for the last row; seq_start[n] = 0, seq_len[n] = T: what
+  // plan_kernel.cuh writes for a fixed batch and the kernels after this one read). Null: no.
+  int32_t* fixed_chunk_offsets;
+  int64_t* fixed_seq_start;
+  int32_t* fixed_seq_len;
 };
 
 }  // namespace kdakit::sm90::prefill::prep

@@ -931,6 +931,15 @@ __global__ void __launch_bounds__(kThreads, 2) kda_prefill_prep_sm90_kernel(cons
       }
     }
   }
+  // A fixed batch without the plan kernel: this row's plan entries, by the CTA of its first chunk
+  // at head 0 (only the kernels after this one read them). NOTE: here at the end, where registers
+  // are free; at the top, behind the opening loads, it took the kernel from 125 to 127 registers.
+  if (p.fixed_chunk_offsets != nullptr && tid == 0 && h == 0 && chunk_in_seq == 0) {
+    p.fixed_chunk_offsets[n] = chunk;
+    if (n == p.num_seqs - 1) p.fixed_chunk_offsets[n + 1] = chunk + p.chunks_per_row;
+    p.fixed_seq_start[n] = 0;
+    p.fixed_seq_len[n] = p.seqlen;
+  }
 }
 
 // ------------------------------------------------------------------------------------------

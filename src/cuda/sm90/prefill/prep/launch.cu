@@ -95,7 +95,12 @@ Status launch_prefill_prep(const PrefillParams& p, const WorkspacePlan& w, void*
       .lower_bound = p.lower_bound,
       .f16_block = w.f16_block,
       .route = route_of(w, workspace),
+      .fixed_chunk_offsets = w.fixed_plan_by_prep ? reinterpret_cast<int32_t*>(base + w.chunk_offsets_offset) : nullptr,
+      .fixed_seq_start = w.fixed_plan_by_prep ? reinterpret_cast<int64_t*>(base + w.seq_start_offset) : nullptr,
+      .fixed_seq_len = w.fixed_plan_by_prep ? reinterpret_cast<int32_t*>(base + w.seq_len_offset) : nullptr,
   };
+  KDAKIT_CHECK(!w.fixed_plan_by_prep || (!packed && p.seqlen > 0), kInternal,
+               "prefill prep: only a fixed batch with T > 0 has its plan written by the prep kernel");
   const bool g_fp32 = p.dtype_g == DType::kFloat32;
   switch (p.gate) {
     case GateMode::kPrecomputed:

@@ -91,6 +91,7 @@ struct KernelParams : common::StateParams {
   int64_t num_segment_slots;
   int32_t segment_chunks;
   int32_t max_segments;           // grid extent of the segment index
+  bool phi_fragments;             // summaries write Phi as mma B fragments (WorkspacePlan::phi_fragments)
 };
 
 // The sequence of launch rank i (the grid has the sequence slowest): the plan's seq_order, so
@@ -634,6 +635,7 @@ Status launch(const PrefillParams& p, const WorkspacePlan& plan, const void* wor
   kp.num_segment_slots = plan.num_segment_slots;
   kp.segment_chunks = plan.segment_chunks;
   kp.max_segments = plan.segment_chunks > 0 ? plan.max_segments : 1;
+  kp.phi_fragments = plan.phi_fragments;
   if (kSummary && plan.segment_chunks <= 0) return Status(StatusCode::kInternal, "recurrence: summaries without segments");
 
   const int64_t num_ctas = p.num_seqs * p.num_v_heads * kp.max_segments * Cfg::kSlices * (kSummary ? 2 : 1);

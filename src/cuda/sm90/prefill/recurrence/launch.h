@@ -27,9 +27,13 @@ Status launch_prefill_recurrence(const PrefillParams& p, const WorkspacePlan& pl
 template <int kValueRows>
 Status launch_prefill_summaries(const PrefillParams& p, const WorkspacePlan& plan, const void* workspace,
                                 cudaStream_t stream);
-// whole: the one-CTA-per-head kernel instead of the cluster-split default (bit-identical results).
+// Which combine kernel runs (combine.cu): the cluster split with Phi through shared memory (the
+// default), the one-CTA-per-head kernel (agrees with it to fp32 rounding), or the cluster split
+// that loads Phi's B fragments into registers (bit for bit the split's results; it needs the plan's
+// fragment image, WorkspacePlan::phi_fragments, and the others the ldmatrix image).
+enum class CombineKernel { kSplit, kWhole, kDirect };
 Status launch_prefill_combine(const PrefillParams& p, const WorkspacePlan& plan, void* workspace,
-                              cudaStream_t stream, bool whole = false);
+                              cudaStream_t stream, CombineKernel kernel = CombineKernel::kSplit);
 
 // ---- the recurrence's shape: whole sequences or segments, and value rows per CTA --------------
 // A cost model of H200 measurements: dispatch.cu takes choose_segments' answer, or
