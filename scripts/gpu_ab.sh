@@ -4,7 +4,10 @@
 # Stage both here first (scripts/gpu_stage.sh; the second from a worktree of main with
 # KDAKIT_STAGE_NAME=main) and carry .carry/gpu.tar.xz, .carry/main.tar.xz and this script.
 # Usage: scripts/gpu_ab.sh [rounds (2)] [bench cases (the rows below)]; KDAKIT_AB_NCU=1 adds a
-# profile of both builds' prep kernel (below).
+# profile of both builds' prep kernel (below). KDAKIT_AB_ENVS="label:VAR=value,VAR=value ..."
+# also times this build under each set of variables (the opt-in variants: e.g.
+# "direct:KDAKIT_PREFILL_COMBINE=direct fixedplan:KDAKIT_PREFILL_FIXED_PLAN=prep"), in the same
+# rounds; the table then has a column per label after main's and this build's.
 # Logs go to $OUT/logs.tar.gz, the table to $OUT/summary.txt.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -31,12 +34,20 @@ result "prefill_gpu_test[chunked]" $? "$logs/prefill_gpu_test_chunked.log"
 timeout 150 compute-sanitizer --tool racecheck "$b/prefill_prep_test" >"$logs/racecheck_prep.log" 2>&1
 echo "racecheck prep rc=$? $(grep -E 'RACECHECK SUMMARY' "$logs/racecheck_prep.log")" | tee -a "$summary"
 export PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
+envs="${KDAKIT_AB_ENVS:-}"
 for r in $(seq 1 "$rounds"); do
   for v in main gpu; do
     timeout 100 ".carry/$v/bin/prefill_prep_timing" 10 2>&1 | grep PREP_TIMING | sed "s/^/$v r$r /" | tee -a "$summary"
     PYTHONPATH="$PWD/.carry/$v/python" timeout 200 python3 -m kdakit.bench.prefill --peers none --cases "$cases" \
       --repeats 10 --json "$out/bench_${v}_$r.json" >"$logs/bench_${v}_$r.log" 2>&1
     echo "bench $v r$r rc=$?" | tee -a "$summary"
+  done
+  for e in $envs; do
+    label=${e%%:*}
+    # shellcheck disable=SC2046
+    env $(echo "${e#*:}" | tr ',' ' ') PYTHONPATH="$PWD/.carry/gpu/python" timeout 200 python3 -m kdakit.bench.prefill \
+      --peers none --cases "$cases" --repeats 10 --json "$out/bench_${label}_$r.json" >"$logs/bench_${label}_$r.log" 2>&1
+    echo "bench $label (${e#*:}) r$r rc=$?" | tee -a "$summary"
   done
 done
 # KDAKIT_AB_NCU=1: Nsight Compute's per-instruction counters of the prep kernel (H96 fixed, one
@@ -52,12 +63,13 @@ if [ "${KDAKIT_AB_NCU:-0}" = 1 ]; then
   done
 fi
 tar -C "$out" -czf "$out/logs.tar.gz" logs && rm -rf "$logs"
-echo "=== kdakit ms per round (main | this build)"
-python3 - "$out" "$rounds" <<'PY' | tee -a "$summary"
+labels=$(for e in $envs; do printf '%s ' "${e%%:*}"; done)
+echo "=== kdakit ms per round (main | this build${labels:+ | }${labels// / | })"
+python3 - "$out" "$rounds" $labels <<'PY' | tee -a "$summary"
 import json, sys
-out, rounds = sys.argv[1], int(sys.argv[2])
+out, rounds, labels = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
 ms = {}
-for v in ("main", "gpu"):
+for v in ("main", "gpu", *labels):
     for r in range(1, rounds + 1):
         try:
             rows = json.load(open(f"{out}/bench_{v}_{r}.json"))["rows"]
@@ -67,5 +79,5 @@ for v in ("main", "gpu"):
             ms.setdefault(row["case"], {}).setdefault(v, []).append(row.get("kdakit_ms"))
 for case, d in ms.items():
     fmt = lambda xs: ", ".join("-" if x is None else f"{x:.4f}" for x in xs)
-    print(f"{case:<24} {fmt(d.get('main', []))} | {fmt(d.get('gpu', []))}")
+    print(f"{case:<24} " + " | ".join(fmt(d.get(v, [])) for v in ("main", "gpu", *labels)))
 PY
