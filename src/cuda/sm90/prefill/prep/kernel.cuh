@@ -67,7 +67,8 @@
 // loops (the inverse's squaring steps, phase 2's k-steps by 2, phase 5's halves, the wide-span
 // loop by 2) took it to 6,520 and their prep 7% faster, the lower-bound rows unchanged (session
 // 14). The ctest prefill_prep_code_size (tests/cpp/prefill/prep) fails past 6,600 for the
-// lower-bound, bf16-g instantiation (6,136 now, session 23); the softplus ones run ~24 instructions
+// lower-bound, bf16-g instantiation (6,416 now: 6,136 in session 23, 6,368 at session 27's c69847e,
+// 6,416 with session 28's fixed-plan epilogue); the softplus ones run ~24 instructions
 // larger (~190 before their gate lost its select, session 23).
 #pragma once
 
