@@ -424,23 +424,12 @@ __global__ void __launch_bounds__(kCtaThreads<kValueRows>, 1)
     uint8_t* area = segment_at(p, segment_slot(chunk_begin, seg, work.ls), h);
     if (!phi_run) {
       store_state(state4, area + SegmentLayout::kPsiOffset, vrow, t, common::segment_state_view());
-    } else if (!p.phi_fragments) {
-#pragma unroll
-      for (int j = 0; j < 16; ++j) {
-#pragma unroll
-        for (int half = 0; half < 2; ++half) {
-          uint32_t hi, lo;
-          ptx::split_bf16(state4[j][2 * half], state4[j][2 * half + 1], hi, lo);
-          const uint32_t off = phi_offset(vrow + 8 * half, 8 * j + 2 * t);
-          *reinterpret_cast<uint32_t*>(area + SegmentLayout::kPhiHiOffset + off) = hi;
-          *reinterpret_cast<uint32_t*>(area + SegmentLayout::kPhiLoOffset + off) = lo;
-        }
-      }
     } else {
-      // The fragment image pairs rows k, k + 1 (k even) of one column, and rows vrow, vrow + 1 sit
-      // in lanes 4 apart (vrow's parity is g's): the even lane writes column n0 = 8 j + 2 t of
-      // its row and the next, the odd lane column n0 + 1 of the row before and its own, after
-      // one exchange of the packed words.
+      // bf16 hi + lo as the combine kernel reads them: the ldmatrix image (phi_offset), or with
+      // phi_fragments the mma B-fragment image (phi_fragment_offset). That one pairs rows k,
+      // k + 1 (k even) of one column, and rows vrow, vrow + 1 sit in lanes 4 apart (vrow's parity
+      // is g's): the even lane writes column n0 = 8 j + 2 t of its row and the next, the odd lane
+      // column n0 + 1 of the row before and its own, after one exchange of the packed words.
       const bool odd = (g & 1) != 0;
 #pragma unroll
       for (int j = 0; j < 16; ++j) {
@@ -448,16 +437,20 @@ __global__ void __launch_bounds__(kCtaThreads<kValueRows>, 1)
         for (int half = 0; half < 2; ++half) {
           uint32_t hi, lo;
           ptx::split_bf16(state4[j][2 * half], state4[j][2 * half + 1], hi, lo);
-          const uint32_t hi_p = __shfl_xor_sync(0xffffffffu, hi, 4);
-          const uint32_t lo_p = __shfl_xor_sync(0xffffffffu, lo, 4);
-          // even: (own n0, partner's n0); odd: (partner's n0 + 1, own n0 + 1)
-          const uint32_t sel = odd ? 0x7632u : 0x5410u;
-          const uint32_t w_hi = odd ? __byte_perm(hi_p, hi, sel) : __byte_perm(hi, hi_p, sel);
-          const uint32_t w_lo = odd ? __byte_perm(lo_p, lo, sel) : __byte_perm(lo, lo_p, sel);
-          const int k = vrow + 8 * half - (odd ? 1 : 0);
-          const uint32_t off = phi_fragment_offset(k, 8 * j + 2 * t + (odd ? 1 : 0));
-          *reinterpret_cast<uint32_t*>(area + SegmentLayout::kPhiHiOffset + off) = w_hi;
-          *reinterpret_cast<uint32_t*>(area + SegmentLayout::kPhiLoOffset + off) = w_lo;
+          uint32_t off;
+          if (!p.phi_fragments) {
+            off = phi_offset(vrow + 8 * half, 8 * j + 2 * t);
+          } else {
+            const uint32_t hi_p = __shfl_xor_sync(0xffffffffu, hi, 4);
+            const uint32_t lo_p = __shfl_xor_sync(0xffffffffu, lo, 4);
+            // even: (own n0, partner's n0); odd: (partner's n0 + 1, own n0 + 1)
+            const uint32_t sel = odd ? 0x7632u : 0x5410u;
+            hi = odd ? __byte_perm(hi_p, hi, sel) : __byte_perm(hi, hi_p, sel);
+            lo = odd ? __byte_perm(lo_p, lo, sel) : __byte_perm(lo, lo_p, sel);
+            off = phi_fragment_offset(vrow + 8 * half - (odd ? 1 : 0), 8 * j + 2 * t + (odd ? 1 : 0));
+          }
+          *reinterpret_cast<uint32_t*>(area + SegmentLayout::kPhiHiOffset + off) = hi;
+          *reinterpret_cast<uint32_t*>(area + SegmentLayout::kPhiLoOffset + off) = lo;
         }
       }
     }
