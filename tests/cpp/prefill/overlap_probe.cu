@@ -140,31 +140,32 @@ struct Probe {
     reset_times<<<1, 32, 0, main_stream>>>(times);
     CHECK(cudaGetLastError());
   }
-  void launch_producer(cudaStream_t s, bool programmatic) {
+  // A launch with at most one attribute (none when attr is null).
+  template <class... Args>
+  static void launch(void (*kernel)(Args...), int ctas, int threads, int smem, cudaStream_t s,
+                     const cudaLaunchAttribute* attr, Args... args) {
     cudaLaunchConfig_t cfg{};
-    cfg.gridDim = dim3(unsigned(producer_ctas));
-    cfg.blockDim = dim3(kProducerThreads);
-    cfg.dynamicSmemBytes = kProducerSmem;
+    cfg.gridDim = dim3(unsigned(ctas));
+    cfg.blockDim = dim3(unsigned(threads));
+    cfg.dynamicSmemBytes = size_t(smem);
     cfg.stream = s;
+    cfg.attrs = const_cast<cudaLaunchAttribute*>(attr);
+    cfg.numAttrs = attr != nullptr ? 1 : 0;
+    CHECK(cudaLaunchKernelEx(&cfg, kernel, args...));
+  }
+  void launch_producer(cudaStream_t s, bool programmatic) {
     cudaLaunchAttribute attr{};
     attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
     attr.val.programmaticStreamSerializationAllowed = 1;
-    cfg.attrs = &attr;
-    cfg.numAttrs = programmatic ? 1 : 0;
-    CHECK(cudaLaunchKernelEx(&cfg, producer, flags, epoch, spin_ns, times));
+    launch(producer, producer_ctas, kProducerThreads, kProducerSmem, s, programmatic ? &attr : nullptr, flags, epoch,
+           spin_ns, times);
   }
   void launch_chain(cudaStream_t s, bool pdl, bool high_priority) {
-    cudaLaunchConfig_t cfg{};
-    cfg.gridDim = dim3(unsigned(chain_ctas));
-    cfg.blockDim = dim3(kChainThreads);
-    cfg.dynamicSmemBytes = kChainSmem;
-    cfg.stream = s;
     cudaLaunchAttribute attr{};
     attr.id = cudaLaunchAttributePriority;
     attr.val.priority = greatest_priority;
-    cfg.attrs = &attr;
-    cfg.numAttrs = high_priority ? 1 : 0;
-    CHECK(cudaLaunchKernelEx(&cfg, chain, static_cast<const int*>(flags), producer_ctas, epoch, pdl, times));
+    launch(chain, chain_ctas, kChainThreads, kChainSmem, s, high_priority ? &attr : nullptr,
+           static_cast<const int*>(flags), producer_ctas, epoch, pdl, times);
   }
   // Enqueues one run of `scheme` on main_stream (0 producer alone, 1 streams, 2 priority, 3 pdl).
   void enqueue(int scheme) {

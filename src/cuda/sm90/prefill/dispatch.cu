@@ -22,6 +22,7 @@
 #include <cstring>
 #include <string>
 #include <type_traits>
+#include <vector>
 
 #include "cuda/common/device_setup.cuh"
 #include "cuda/sm90/decode/dispatch.h"
@@ -147,6 +148,35 @@ bool fixed_plan_by_prep_on() {
   }();
   return env;
 }
+// KDAKIT_PREFILL_OVERLAP=streams|pdl: fixed batches whose whole-sequence chains need few CTAs run
+// the recurrence beside the prep grid where the cost model predicts a gain (recurrence/launch.h,
+// choose_overlap; docs/design/20261201-prefill-segments.md, session 28): `streams` forks the
+// recurrence onto a second stream of the greatest priority and joins it back with events, `pdl`
+// launches it first in the caller's stream with prep as its programmatic dependent.
+// set_prefill_overlap overrides it. Off by default: built in session 28 without a GPU, and
+// whether either launch gets the chains resident early is for prefill_overlap_probe to say.
+// NOTE: the chains wait on prep, which is launched after them: anything that runs kernels one at
+// a time deadlocks an overlapped call (CUDA_LAUNCH_BLOCKING=1, which turns it off here, and tools
+// that serialise kernels, e.g. compute-sanitizer and Nsight Compute: leave the variable unset
+// under them). A default-on version needs a way out of that first.
+int overlap_override = -1;  // 0 off, 1 streams, 2 pdl
+bool overlap_forced = false;
+int overlap_scheme() {
+  static const bool launch_blocking = [] {
+    const char* e = std::getenv("CUDA_LAUNCH_BLOCKING");
+    return e != nullptr && std::strcmp(e, "1") == 0;
+  }();
+  if (launch_blocking) return 0;
+  if (overlap_override >= 0) return overlap_override;
+  static const int env = [] {
+    const char* e = std::getenv("KDAKIT_PREFILL_OVERLAP");
+    if (e == nullptr) return 0;
+    if (std::strcmp(e, "streams") == 0) return 1;
+    if (std::strcmp(e, "pdl") == 0) return 2;
+    return 0;
+  }();
+  return env;
+}
 struct ForcedSegments {
   bool set = false;
   bool model = false;  // the cost model's choice
@@ -230,6 +260,49 @@ bool f16_block(const PrefillParams& p, const prefill::SegmentChoice& c) {
   if (forced == 1) return true;
   const float s = p.scale < 0.f ? -p.scale : p.scale;
   return p.use_qk_l2norm && s >= 1.f / 16.f && s <= 16.f;
+}
+
+// Whether this call overlaps (rows > 0: its chains' value rows), from its segment choice: fixed
+// batches only, and not while segments or a path are forced (their tests).
+prefill::OverlapChoice overlap_for(const PrefillParams& p, const prefill::SegmentChoice& seg) {
+  const PrefillPath f = forced_path();
+  const ForcedSegments fs = forced_segments();
+  if (overlap_scheme() == 0 || p.cu_seqlens != nullptr || p.seqlen <= 0 || p.num_seqs <= 0 ||
+      (f != PrefillPath::kAuto && f != PrefillPath::kChunked) || (fs.set && !fs.model))
+    return {};
+  prefill::SegmentChoice chains = seg;  // the block type of 64- or 128-row chains
+  chains.segment_chunks = 0;
+  chains.rows = 64;
+  const bool f16 = f16_block(p, chains);
+  return prefill::choose_overlap(p.batch, p.seqlen, p.num_v_heads, current_num_sms(), seg.predicted_us,
+                                 f16 ? 1.4 : 1.9, f16 ? 2.7 : 3.4, overlap_forced);
+}
+
+// The second stream of overlapped calls (`streams`), with the fork and join events: one set per
+// host thread and device, created on first use (host objects; no device memory).
+struct SideStream {
+  cudaStream_t stream = nullptr;
+  cudaEvent_t fork = nullptr, join = nullptr;
+};
+Status side_stream(SideStream** out) {
+  thread_local std::vector<SideStream> per_device;
+  const int device = kdakit::cuda::current_device();
+  if (device < 0) return Status(StatusCode::kCudaError, "prefill overlap: no current device");
+  if (per_device.size() <= size_t(device)) per_device.resize(size_t(device) + 1);
+  SideStream& s = per_device[size_t(device)];
+  if (s.stream == nullptr) {
+    int least = 0, greatest = 0;
+    cudaError_t err = cudaDeviceGetStreamPriorityRange(&least, &greatest);
+    if (err == cudaSuccess) err = cudaStreamCreateWithPriority(&s.stream, cudaStreamNonBlocking, greatest);
+    if (err == cudaSuccess) err = cudaEventCreateWithFlags(&s.fork, cudaEventDisableTiming);
+    if (err == cudaSuccess) err = cudaEventCreateWithFlags(&s.join, cudaEventDisableTiming);
+    if (err != cudaSuccess) {
+      s = SideStream{};
+      return Status(StatusCode::kCudaError, std::string("prefill overlap: side stream: ") + cudaGetErrorString(err));
+    }
+  }
+  *out = &s;
+  return Status::Ok();
 }
 
 // Segment length the workspace is sized for when only the batch sizes are known: the shortest
@@ -352,7 +425,14 @@ int32_t prefill_segment_chunks(const PrefillParams& p) { return segment_choice(p
 
 bool prefill_f16_block(const PrefillParams& p) { return f16_block(p, segment_choice(p)); }
 
+int prefill_overlap_rows(const PrefillParams& p) { return overlap_for(p, segment_choice(p)).rows; }
+
 void set_prefill_block(int f16) { block_override = f16 < 0 ? -1 : f16 != 0 ? 1 : 0; }
+
+void set_prefill_overlap(int scheme, bool force) {
+  overlap_override = scheme < 0 || scheme > 2 ? -1 : scheme;
+  overlap_forced = overlap_override > 0 && force;
+}
 
 void set_prefill_fixed_plan(int by_prep) { fixed_plan_override = by_prep < 0 ? -1 : by_prep != 0 ? 1 : 0; }
 
@@ -384,12 +464,61 @@ size_t prefill_workspace_size(const PrefillParams& p) {
   const bool batch_only = p.q == nullptr && p.head_dim_k == 0;
   const PrefillPath f = forced_path();
   if (batch_only) {
-    const prefill::WorkspacePlan plan = plan_for(p, sizing_segment_chunks(p));
+    prefill::WorkspacePlan plan = plan_for(p, sizing_segment_chunks(p));
+    // an overlapped call's flags on top (its whole-sequence plan is no larger than this one)
+    if (overlap_scheme() != 0 && p.cu_seqlens == nullptr) prefill::add_ready_flags(plan);
     return f == PrefillPath::kFused || f == PrefillPath::kTile16 ? plan.chunk_blocks_offset : plan.total_bytes;
   }
   if (f != PrefillPath::kChunked && (use_tile16(p) || use_fused(p))) return plan_for(p).chunk_blocks_offset;
-  return plan_for(p, segment_choice(p).segment_chunks).total_bytes;
+  const prefill::SegmentChoice seg = segment_choice(p);
+  const prefill::OverlapChoice ov = overlap_for(p, seg);
+  prefill::WorkspacePlan plan = plan_for(p, ov.rows > 0 ? 0 : seg.segment_chunks);
+  if (ov.rows > 0) prefill::add_ready_flags(plan);
+  return plan.total_bytes;
 }
+
+namespace {
+// An overlapped call after its plan: the ready flags zeroed, then the recurrence (whole sequences,
+// `rows` value rows) and prep side by side (dispatch.cu's NOTE at overlap_scheme).
+Status run_overlapped(const PrefillParams& p, const prefill::WorkspacePlan& plan, int rows,
+                      const prefill::OverlapChoice& ov, cudaStream_t stream) {
+  auto recurrence = [&](cudaStream_t s) {
+    return rows == 64 ? prefill::launch_prefill_recurrence<64>(p, plan, p.workspace, s)
+                      : prefill::launch_prefill_recurrence<128>(p, plan, p.workspace, s);
+  };
+  if (std::getenv("KDAKIT_PRINT_CONFIGS") != nullptr)
+    std::fprintf(stderr, "kdakit prefill: B=%lld T=%lld HV=%d overlapped (%s): %d-row chains beside prep (model %.0f us, "
+                 "sequential %.0f us)\n", (long long)p.batch, (long long)p.seqlen, p.num_v_heads,
+                 plan.overlap_pdl ? "pdl" : "streams", rows, ov.predicted_us, ov.sequential_us);
+  cudaError_t err = cudaMemsetAsync(static_cast<uint8_t*>(p.workspace) + plan.ready_offset, 0,
+                                    plan.total_bytes - plan.ready_offset, stream);
+  if (err != cudaSuccess)
+    return Status(StatusCode::kCudaError, std::string("prefill overlap: flags: ") + cudaGetErrorString(err));
+  if (plan.overlap_pdl) {
+    // the recurrence first (its CTAs trigger at their start), prep as its programmatic dependent
+    Status st = recurrence(stream);
+    if (!st.ok()) return st;
+    return prefill::launch_prefill_prep(p, plan, p.workspace, stream);
+  }
+  SideStream* side = nullptr;
+  Status st = side_stream(&side);
+  if (!st.ok()) return st;
+  err = cudaEventRecord(side->fork, stream);
+  if (err == cudaSuccess) err = cudaStreamWaitEvent(side->stream, side->fork, 0);
+  if (err != cudaSuccess)
+    return Status(StatusCode::kCudaError, std::string("prefill overlap: fork: ") + cudaGetErrorString(err));
+  st = recurrence(side->stream);
+  const Status st_prep = st.ok() ? prefill::launch_prefill_prep(p, plan, p.workspace, stream) : Status::Ok();
+  // joined back whatever happened, so that a capture stays whole
+  err = cudaEventRecord(side->join, side->stream);
+  if (err == cudaSuccess) err = cudaStreamWaitEvent(stream, side->join, 0);
+  if (!st.ok()) return st;
+  if (!st_prep.ok()) return st_prep;
+  if (err != cudaSuccess)
+    return Status(StatusCode::kCudaError, std::string("prefill overlap: join: ") + cudaGetErrorString(err));
+  return Status::Ok();
+}
+}  // namespace
 
 Status run_prefill(const PrefillParams& p, cudaStream_t stream) {
   // ---- what the chunked kernels support
@@ -454,13 +583,20 @@ Status run_prefill(const PrefillParams& p, cudaStream_t stream) {
     if (st.code() != StatusCode::kUnsupported) return st;
   }
 
-  const prefill::SegmentChoice seg = segment_choice(p);
+  prefill::SegmentChoice seg = segment_choice(p);
+  const prefill::OverlapChoice ov = overlap_for(p, seg);
+  if (ov.rows > 0) seg.segment_chunks = 0, seg.rows = ov.rows;  // whole sequences beside prep
   prefill::WorkspacePlan plan = plan_for(p, seg.segment_chunks);
   plan.f16_block = f16_block(p, seg);
   const prefill::CombineKernel combine = combine_kernel();
   plan.phi_fragments = combine == prefill::CombineKernel::kDirect;
-  // T = 0 has no prep CTA to write it: the plan kernel does
-  plan.fixed_plan_by_prep = p.cu_seqlens == nullptr && p.seqlen > 0 && fixed_plan_by_prep_on();
+  // T = 0 has no prep CTA to write it: the plan kernel does; an overlapped call's recurrence reads
+  // the plan at its start, beside prep: the plan kernel writes it first
+  plan.fixed_plan_by_prep = p.cu_seqlens == nullptr && p.seqlen > 0 && fixed_plan_by_prep_on() && ov.rows == 0;
+  if (ov.rows > 0) {
+    prefill::add_ready_flags(plan);
+    plan.overlap_pdl = overlap_scheme() == 2;
+  }
   const bool routed = route_on_device(p);
   if (routed) plan.route_bound = int32_t(kTile16MaxLength);
   if (p.workspace == nullptr || p.workspace_bytes < plan.total_bytes) {
@@ -491,6 +627,7 @@ Status run_prefill(const PrefillParams& p, cudaStream_t stream) {
     st = launch_tile16(p, plan, stream);
     if (!st.ok()) return st;
   }
+  if (plan.overlap) return run_overlapped(p, plan, seg.rows, ov, stream);
   st = prefill::launch_prefill_prep(p, plan, p.workspace, stream);
   if (!st.ok()) return st;
 

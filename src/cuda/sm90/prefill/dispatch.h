@@ -32,6 +32,15 @@ void set_prefill_combine(int kernel);
 // (KDAKIT_PREFILL_FIXED_PLAN=prep, read once, or the default). Results are bit for bit the same
 // either way.
 void set_prefill_fixed_plan(int by_prep);
+// Overlapped calls (the recurrence beside the prep grid, fixed batches whose chains need few CTAs;
+// dispatch.cu): 1 on two streams, 2 with programmatic dependent launch, 0 off (the default),
+// negatives remove the override (KDAKIT_PREFILL_OVERLAP=streams|pdl, read once, or the default).
+// force: whenever the chains fit, whatever the cost model says (tests). Results are bit for bit
+// those of the same whole-sequence recurrence run after prep.
+void set_prefill_overlap(int scheme, bool force = false);
+// The value rows of this call's chains if it runs overlapped now (after the overrides), else 0;
+// reads no device memory.
+int prefill_overlap_rows(const PrefillParams& p);
 // The two-kernel path's chunk-block element type: 1 fp16 where the call allows it (what the
 // default picks), 0 bf16 (Kh hi + lo, the hi + lo recurrence), negatives remove the override
 // (KDAKIT_PREFILL_BLOCK=bf16|f16, read once, or the default). Tests run both in one process.

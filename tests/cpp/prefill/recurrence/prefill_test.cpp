@@ -335,6 +335,67 @@ TEST(PrefillFixedPlanGpu, BitwiseTheRunWithThePlanKernel) {
   }
 }
 
+// Overlapped calls (set_prefill_overlap, forced: the recurrence beside the prep grid, reading
+// each chunk block once prep has flagged it): bit for bit the same whole-sequence recurrence run
+// after prep, on both launch schemes (two streams; programmatic dependent launch), eagerly and
+// captured into a CUDA graph, on a workspace of 0xff bytes (the flags are zeroed by the call).
+// 64-row chains (B x HV x 2 CTAs of at most 32) and 128-row ones (B x HV of at most 32).
+TEST(PrefillOverlapGpu, BitwiseTheSequentialCall) {
+  if (!have_sm90()) GTEST_SKIP() << "no sm_90 GPU";
+  const char* blocking = std::getenv("CUDA_LAUNCH_BLOCKING");
+  if (blocking != nullptr && std::string(blocking) == "1")
+    GTEST_SKIP() << "CUDA_LAUNCH_BLOCKING=1 turns overlapped calls off (they would deadlock)";
+  struct ResetOverrides {
+    ~ResetOverrides() {
+      sm90::set_prefill_overlap(-1);
+      sm90::set_prefill_segments(-1);
+      sm90::set_prefill_path(sm90::PrefillPath::kAuto);
+    }
+  } reset;
+  const PrefillCase cases[] = {
+      {.name = "overlap_rows64_odd_chunk_states", .batch = 1, .seqlen = 1001, .H = 2, .HV = 4, .K = 128, .V = 128,
+       .chunk_state_interval = 128},
+      {.name = "overlap_rows128_bf16_kfirst_in_place", .batch = 2, .seqlen = 3000, .H = 4, .HV = 16, .K = 128,
+       .V = 128, .dtype_state = DType::kBFloat16, .layout = StateLayout::kKFirst, .in_place = true},
+  };
+  for (const PrefillCase& c : cases) {
+    SCOPED_TRACE(c.name);
+    Rng rng = make_rng();
+    SCOPED_TRACE(rng.trace());
+    const PrefillTensors inputs = make_prefill_tensors(c, rng);
+    PrefillTensors sequential = inputs;
+    const PrefillParams sizes = fill_prefill_params(c, sequential, host_pointers(sequential));
+    sm90::set_prefill_path(sm90::PrefillPath::kChunked);
+    sm90::set_prefill_segments(sm90::kSegmentsModel);  // not KDAKIT_PREFILL_SEGMENTS's forced ones
+    sm90::set_prefill_overlap(1, true);
+    const int rows = sm90::prefill_overlap_rows(sizes);
+    sm90::set_prefill_overlap(0);
+    ASSERT_TRUE(rows == 64 || rows == 128) << "the chains fit: " << rows;
+    sm90::set_prefill_segments(0, rows);
+    const Status st_seq = run_prefill_on_gpu(c, sequential, 0xff);
+    sm90::set_prefill_segments(sm90::kSegmentsModel);
+    ASSERT_TRUE(st_seq.ok()) << st_seq.message();
+    for (int scheme = 1; scheme <= 2; ++scheme) {
+      for (int graph = 0; graph < 2; ++graph) {
+        SCOPED_TRACE(std::string(scheme == 1 ? "streams" : "pdl") + (graph ? ", graph" : ", eager"));
+        PrefillTensors t = inputs;
+        sm90::set_prefill_overlap(scheme, true);
+        EXPECT_EQ(sm90::prefill_overlap_rows(sizes), rows);
+        const Status st = graph ? run_prefill_on_gpu_graph(c, t, 0xff) : run_prefill_on_gpu(c, t, 0xff);
+        sm90::set_prefill_overlap(-1);
+        ASSERT_TRUE(st.ok()) << st.message();
+        EXPECT_TRUE(bitwise_equal("o", t.o, sequential.o));
+        EXPECT_TRUE(bitwise_equal("final state", final_state_of(c, t), final_state_of(c, sequential)));
+        if (sequential.chunk_states.defined())
+          EXPECT_TRUE(bitwise_equal("chunk states", t.chunk_states, sequential.chunk_states));
+      }
+    }
+    PrefillTensors ref = inputs;
+    ASSERT_TRUE(run_reference_fp32_output(c, ref).ok());
+    EXPECT_LE(relative_l2(sequential.o, ref.o).rel_l2, 4e-3) << "output";
+  }
+}
+
 // The 16-token-tile kernel (KDAKIT_PREFILL_PATH=tile16; src/cuda/sm90/prefill/tile16) on gates
 // that only it treats its own way: channels whose base-2 gate sum drops by more than 192 within
 // one 8-token half of a 16-token tile take per-element L and M terms, the others the midpoint

@@ -236,6 +236,10 @@ struct PrepParams {
   int32_t* fixed_chunk_offsets;
   int64_t* fixed_seq_start;
   int32_t* fixed_seq_len;
+  // An overlapped call (WorkspacePlan::overlap): the ready flag of each (chunk, value head),
+  // [max_chunks][HV], zeroed before the launch; each CTA sets its own to 1 once its block is
+  // written. Null: no flags.
+  int32_t* ready;
 };
 
 }  // namespace kdakit::sm90::prefill::prep

@@ -98,20 +98,22 @@ Status launch_prefill_prep(const PrefillParams& p, const WorkspacePlan& w, void*
       .fixed_chunk_offsets = w.fixed_plan_by_prep ? reinterpret_cast<int32_t*>(base + w.chunk_offsets_offset) : nullptr,
       .fixed_seq_start = w.fixed_plan_by_prep ? reinterpret_cast<int64_t*>(base + w.seq_start_offset) : nullptr,
       .fixed_seq_len = w.fixed_plan_by_prep ? reinterpret_cast<int32_t*>(base + w.seq_len_offset) : nullptr,
+      .ready = w.overlap ? reinterpret_cast<int32_t*>(base + w.ready_offset) : nullptr,
   };
   KDAKIT_CHECK(!w.fixed_plan_by_prep || (!packed && p.seqlen > 0), kInternal,
                "prefill prep: only a fixed batch with T > 0 has its plan written by the prep kernel");
   const bool g_fp32 = p.dtype_g == DType::kFloat32;
+  const bool pdl = w.overlap_pdl;  // an overlapped call's prep as the recurrence's dependent (dispatch.cu)
   switch (p.gate) {
     case GateMode::kPrecomputed:
-      return g_fp32 ? prep::launch_prep_kernel<GateMode::kPrecomputed, true>(params, w.max_chunks, stream)
-                    : prep::launch_prep_kernel<GateMode::kPrecomputed, false>(params, w.max_chunks, stream);
+      return g_fp32 ? prep::launch_prep_kernel<GateMode::kPrecomputed, true>(params, w.max_chunks, stream, pdl)
+                    : prep::launch_prep_kernel<GateMode::kPrecomputed, false>(params, w.max_chunks, stream, pdl);
     case GateMode::kSoftplus:
-      return g_fp32 ? prep::launch_prep_kernel<GateMode::kSoftplus, true>(params, w.max_chunks, stream)
-                    : prep::launch_prep_kernel<GateMode::kSoftplus, false>(params, w.max_chunks, stream);
+      return g_fp32 ? prep::launch_prep_kernel<GateMode::kSoftplus, true>(params, w.max_chunks, stream, pdl)
+                    : prep::launch_prep_kernel<GateMode::kSoftplus, false>(params, w.max_chunks, stream, pdl);
     case GateMode::kLowerBound:
-      return g_fp32 ? prep::launch_prep_kernel<GateMode::kLowerBound, true>(params, w.max_chunks, stream)
-                    : prep::launch_prep_kernel<GateMode::kLowerBound, false>(params, w.max_chunks, stream);
+      return g_fp32 ? prep::launch_prep_kernel<GateMode::kLowerBound, true>(params, w.max_chunks, stream, pdl)
+                    : prep::launch_prep_kernel<GateMode::kLowerBound, false>(params, w.max_chunks, stream, pdl);
   }
   return Status(StatusCode::kUnsupported, "prefill prep: gate must be kPrecomputed, kSoftplus or kLowerBound, got " +
                                               std::to_string(int(p.gate)));

@@ -23,6 +23,7 @@
 // against ~4.7), H32 1024 x 8 0.175 against 0.192; it is the 64- and 128-row kernel since.
 #pragma once
 
+#include "cuda/common/ptx_sm90.cuh"
 #include "cuda/sm90/prefill/common/gmma.cuh"
 #include "cuda/sm90/prefill/common/o_store.cuh"
 #include "cuda/sm90/prefill/recurrence/kernel.cuh"
@@ -135,9 +136,15 @@ __device__ __forceinline__ void rescale_rows(float (&s)[16][4], float (&u)[32], 
   scale_acc_rows(u, fu);
 }
 
-template <int kValueRows, bool kSummary, bool kF16>
+// kOverlap (recurrence only; dispatch.cu, overlap): the grid runs beside the prep grid, and each
+// chunk block is loaded only once prep has flagged it (KernelParams::ready). Launched as the
+// primary of a programmatic dependent launch, it lets the prep grid start once its own CTAs are
+// resident.
+template <int kValueRows, bool kSummary, bool kF16, bool kOverlap>
 __global__ void __launch_bounds__(kCtaThreads<kValueRows>, 1)
     kda_prefill_recurrence_wgmma_sm90_kernel(const __grid_constant__ KernelParams p, const __grid_constant__ TmaParams tma) {
+  static_assert(!(kOverlap && kSummary), "only the recurrence runs beside prep");
+  if constexpr (kOverlap) kdakit::cuda::ptx::griddep_launch_dependents();
   using Cfg = Config<kValueRows>;
   using Smem = typename Cfg::SharedMemoryPlan;
   constexpr int kStages = Cfg::kStages;
@@ -176,15 +183,29 @@ __global__ void __launch_bounds__(kCtaThreads<kValueRows>, 1)
     init_pipeline<kStages>(full, empty, Cfg::kThreads, last_segment_flag, seg == work.nseg - 1);
   __syncthreads();
 
+  // kOverlap: chunk j's block is read once prep's CTA has flagged it (the flag's acquire, then the
+  // async proxy ordered after it, before the TMA loads).
+  auto wait_ready = [&](int j) {
+    if constexpr (kOverlap) {
+      const int32_t* flag = p.ready + size_t(chunk_begin + j_begin + j) * size_t(p.num_v_heads) + size_t(h);
+      while (kdakit::cuda::ptx::load_acquire_gpu(flag) == 0) __nanosleep(128);
+      kdakit::cuda::ptx::consume_fence();
+    }
+  };
   // NOTE: summaries load neither Qt nor M (no output), nor, for Phi, U0 (zero).
   auto issue_chunk = [&](int j) {
+    wait_ready(j);
     issue_chunk_at<Smem, kStages, !kSummary, !kF16>(smem, full, tma, p, chunk_begin + j_begin, h, v0, j, !phi_run);
   };
   constexpr bool kProducer = kProducerWarp<kValueRows>;
   const bool is_issuer = threadIdx.x == (kProducer ? Cfg::kThreads : 0);
-  if (is_issuer)
+  if (is_issuer) {
+    if constexpr (kOverlap) {
+      for (int j = 0; j < kStages && j < num_chunks; ++j) wait_ready(j);
+    }
     issue_first_chunks<Smem, kStages, !kSummary, !kF16>(smem, full, tma, p, chunk_begin + j_begin, h, v0, num_chunks,
                                                         !phi_run);
+  }
   if constexpr (kProducer) {
     if (threadIdx.x >= Cfg::kThreads) {  // the producer warp: refills only
       if (is_issuer) {
@@ -463,10 +484,10 @@ __global__ void __launch_bounds__(kCtaThreads<kValueRows>, 1)
   }
 }
 
-template <int kValueRows, bool kSummary, bool kF16>
+template <int kValueRows, bool kSummary, bool kF16, bool kOverlap>
 Status launch_wgmma(const KernelParams& kp, const TmaParams& tma, int64_t num_ctas, cudaStream_t stream) {
   using Smem = typename Config<kValueRows>::SharedMemoryPlan;
-  auto kernel = kda_prefill_recurrence_wgmma_sm90_kernel<kValueRows, kSummary, kF16>;
+  auto kernel = kda_prefill_recurrence_wgmma_sm90_kernel<kValueRows, kSummary, kF16, kOverlap>;
   static kdakit::cuda::PerDeviceOnce attr_once;  // per function and device (common/device_setup.cuh)
   cudaError_t err = kdakit::cuda::set_up_once_per_device(attr_once, [&] {
     return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(Smem::kAllocBytes));
