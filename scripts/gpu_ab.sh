@@ -6,7 +6,7 @@
 # Usage: scripts/gpu_ab.sh [rounds (2)] [bench cases (the rows below)]; KDAKIT_AB_NCU=1 adds a
 # profile of both builds' prep kernel (below). KDAKIT_AB_ENVS="label:VAR=value,VAR=value ..."
 # also times this build under each set of variables (the opt-in variants: e.g.
-# "direct:KDAKIT_PREFILL_COMBINE=direct fixedplan:KDAKIT_PREFILL_FIXED_PLAN=prep"), in the same
+# "direct:KDAKIT_PREFILL_COMBINE=direct planbyprep:KDAKIT_PREFILL_PLAN=prep"), in the same
 # rounds; the table then has a column per label after main's and this build's.
 # Logs go to $OUT/logs.tar.gz, the table to $OUT/summary.txt.
 set -uo pipefail

@@ -93,11 +93,11 @@ if [ "$run_tests" = 1 ]; then
   grep -h "o vs whole" "$out/logs/prefill_gpu_test.log" | tee -a "$summary"
   # Session 28's opt-in variants (off by default until an H200 run times them): the combine
   # kernel that loads Phi's fragments into registers (KDAKIT_PREFILL_COMBINE=direct) and the prep
-  # kernel writing a fixed batch's plan (KDAKIT_PREFILL_FIXED_PLAN=prep), together on every
+  # kernel writing a fixed batch's or a packed single sequence's plan (KDAKIT_PREFILL_PLAN=prep), together on every
   # two-kernel case with segments of 2 chunks, then under the sanitizers.
   for t in prefill_gpu_test prefill_pool_gpu_test; do
     log="$out/logs/${t}_direct_combine_fixed_plan.log"
-    KDAKIT_PREFILL_PATH=chunked KDAKIT_PREFILL_SEGMENTS=2 KDAKIT_PREFILL_COMBINE=direct KDAKIT_PREFILL_FIXED_PLAN=prep \
+    KDAKIT_PREFILL_PATH=chunked KDAKIT_PREFILL_SEGMENTS=2 KDAKIT_PREFILL_COMBINE=direct KDAKIT_PREFILL_PLAN=prep \
       timeout 300 "$stage/bin/$t" --gtest_brief=1 --gtest_filter='-*PrefillSegmentsGpu*' >"$log" 2>&1
     echo "gtest $t[segments 2, direct combine, fixed plan by prep] rc=$? $(grep -E '^\[  (PASSED|FAILED|SKIPPED) ' "$log" | tr -s ' ' | tr '\n' ' ')" | tee -a "$summary"
     grep -E '^\[  FAILED  \].*\(' "$log" | head -3
@@ -113,9 +113,9 @@ if [ "$run_tests" = 1 ]; then
   done
   timeout 60 "$stage/bin/prefill_overlap_probe" 2>&1 | grep OVERLAP_PROBE | tee -a "$summary"
   for tool in memcheck racecheck; do
-    KDAKIT_PREFILL_PATH=chunked KDAKIT_PREFILL_SEGMENTS=2 KDAKIT_PREFILL_COMBINE=direct KDAKIT_PREFILL_FIXED_PLAN=prep \
+    KDAKIT_PREFILL_PATH=chunked KDAKIT_PREFILL_SEGMENTS=2 KDAKIT_PREFILL_COMBINE=direct KDAKIT_PREFILL_PLAN=prep \
       timeout 180 compute-sanitizer --tool $tool "$stage/bin/prefill_gpu_test" \
-      --gtest_filter='*long_packed_softplus*:*long_fixed_gva*:*PrefillFixedPlanGpu*' >"$out/logs/${tool}_direct_combine.log" 2>&1
+      --gtest_filter='*long_packed_softplus*:*long_fixed_gva*:*PrefillPlanByPrepGpu*' >"$out/logs/${tool}_direct_combine.log" 2>&1
     echo "$tool direct combine, fixed plan rc=$? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$out/logs/${tool}_direct_combine.log" | tr '\n' ' ')" | tee -a "$summary"
   done
   # 64-row recurrence CTAs (the wgmma kernel with one warpgroup) forced on every two-kernel

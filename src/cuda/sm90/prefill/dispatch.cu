@@ -134,16 +134,16 @@ prefill::CombineKernel combine_kernel() {
     default: return env;
   }
 }
-// KDAKIT_PREFILL_FIXED_PLAN=prep: on the two-kernel path the prep kernel writes a fixed batch's
-// plan entries (WorkspacePlan::fixed_plan_by_prep; a fixed batch's plan is arithmetic) and no plan
-// kernel runs (~2.7 us of a graph's kernel time, session 27's --kernels, one launch fewer);
-// set_prefill_fixed_plan overrides it. Off by default until an H200 run has checked and timed it
-// (built in session 28 without a GPU).
-int fixed_plan_override = -1;
-bool fixed_plan_by_prep_on() {
-  if (fixed_plan_override >= 0) return fixed_plan_override != 0;
+// KDAKIT_PREFILL_PLAN=prep: on the two-kernel path the prep kernel writes the plan entries of a
+// fixed batch (arithmetic) or of one packed sequence (from cu_seqlens[0], [1]) and no plan kernel
+// runs (WorkspacePlan::plan_by_prep; ~2.7 us of a graph's kernel time, session 27's --kernels,
+// one launch fewer); set_prefill_plan_by_prep overrides it. Off by default until an H200 run has
+// checked and timed it (built in session 28 without a GPU).
+int plan_by_prep_override = -1;
+bool plan_by_prep_on() {
+  if (plan_by_prep_override >= 0) return plan_by_prep_override != 0;
   static const bool env = [] {
-    const char* e = std::getenv("KDAKIT_PREFILL_FIXED_PLAN");
+    const char* e = std::getenv("KDAKIT_PREFILL_PLAN");
     return e != nullptr && std::strcmp(e, "prep") == 0;
   }();
   return env;
@@ -260,22 +260,6 @@ bool f16_block(const PrefillParams& p, const prefill::SegmentChoice& c) {
   if (forced == 1) return true;
   const float s = p.scale < 0.f ? -p.scale : p.scale;
   return p.use_qk_l2norm && s >= 1.f / 16.f && s <= 16.f;
-}
-
-// Whether this call overlaps (rows > 0: its chains' value rows), from its segment choice: fixed
-// batches only, and not while segments or a path are forced (their tests).
-prefill::OverlapChoice overlap_for(const PrefillParams& p, const prefill::SegmentChoice& seg) {
-  const PrefillPath f = forced_path();
-  const ForcedSegments fs = forced_segments();
-  if (overlap_scheme() == 0 || p.cu_seqlens != nullptr || p.seqlen <= 0 || p.num_seqs <= 0 ||
-      (f != PrefillPath::kAuto && f != PrefillPath::kChunked) || (fs.set && !fs.model))
-    return {};
-  prefill::SegmentChoice chains = seg;  // the block type of 64- or 128-row chains
-  chains.segment_chunks = 0;
-  chains.rows = 64;
-  const bool f16 = f16_block(p, chains);
-  return prefill::choose_overlap(p.batch, p.seqlen, p.num_v_heads, current_num_sms(), seg.predicted_us,
-                                 f16 ? 1.4 : 1.9, f16 ? 2.7 : 3.4, overlap_forced);
 }
 
 // The second stream of overlapped calls (`streams`), with the fork and join events: one set per
@@ -404,6 +388,33 @@ bool route_on_device(const PrefillParams& p) {
          lengths_within(p, kTile16MaxLength, kTile16MaxLength) && prefill::fused_unsupported(p) == nullptr;
 }
 
+// Whether this call overlaps (rows > 0: its chains' value rows), from its segment choice: fixed
+// batches and single packed sequences, and not while segments or a path are forced (their tests).
+prefill::OverlapChoice overlap_for(const PrefillParams& p, const prefill::SegmentChoice& seg) {
+  const PrefillPath f = forced_path();
+  const ForcedSegments fs = forced_segments();
+  // a packed batch of one sequence (not routed) is modelled as one row of T tokens
+  const bool one_row = p.cu_seqlens == nullptr || (p.num_seqs == 1 && !route_on_device(p));
+  if (overlap_scheme() == 0 || !one_row || p.seqlen <= 0 || p.num_seqs <= 0 ||
+      (f != PrefillPath::kAuto && f != PrefillPath::kChunked) || (fs.set && !fs.model))
+    return {};
+  prefill::SegmentChoice chains = seg;  // the block type of 64- or 128-row chains
+  chains.segment_chunks = 0;
+  chains.rows = 64;
+  const bool f16 = f16_block(p, chains);
+  const int64_t rows_of_batch = p.cu_seqlens != nullptr ? 1 : p.batch;
+  return prefill::choose_overlap(rows_of_batch, p.seqlen, p.num_v_heads, current_num_sms(), seg.predicted_us,
+                                 f16 ? 1.4 : 1.9, f16 ? 2.7 : 3.4, overlap_forced);
+}
+
+// Whether the prep kernel writes this two-kernel call's plan (no plan kernel). A fixed batch with
+// T = 0 has no prep CTA to write it, a routed call's tile kernel reads it before prep runs, and an
+// overlapped call's recurrence reads it at its start, beside prep: the plan kernel writes those.
+bool plan_by_prep(const PrefillParams& p, const prefill::OverlapChoice& ov) {
+  return plan_by_prep_on() && ov.rows == 0 &&
+         (p.cu_seqlens == nullptr ? p.seqlen > 0 : p.num_seqs == 1 && !route_on_device(p));
+}
+
 Status launch_tile16(const PrefillParams& p, const prefill::WorkspacePlan& plan, cudaStream_t stream) {
   switch (p.gate) {
     case GateMode::kPrecomputed:
@@ -427,6 +438,8 @@ bool prefill_f16_block(const PrefillParams& p) { return f16_block(p, segment_cho
 
 int prefill_overlap_rows(const PrefillParams& p) { return overlap_for(p, segment_choice(p)).rows; }
 
+bool prefill_plan_by_prep(const PrefillParams& p) { return plan_by_prep(p, overlap_for(p, segment_choice(p))); }
+
 void set_prefill_block(int f16) { block_override = f16 < 0 ? -1 : f16 != 0 ? 1 : 0; }
 
 void set_prefill_overlap(int scheme, bool force) {
@@ -434,7 +447,7 @@ void set_prefill_overlap(int scheme, bool force) {
   overlap_forced = overlap_override > 0 && force;
 }
 
-void set_prefill_fixed_plan(int by_prep) { fixed_plan_override = by_prep < 0 ? -1 : by_prep != 0 ? 1 : 0; }
+void set_prefill_plan_by_prep(int on) { plan_by_prep_override = on < 0 ? -1 : on != 0 ? 1 : 0; }
 
 void set_prefill_combine(int kernel) { combine_override = kernel < 0 || kernel > 2 ? -1 : kernel; }
 
@@ -466,7 +479,7 @@ size_t prefill_workspace_size(const PrefillParams& p) {
   if (batch_only) {
     prefill::WorkspacePlan plan = plan_for(p, sizing_segment_chunks(p));
     // an overlapped call's flags on top (its whole-sequence plan is no larger than this one)
-    if (overlap_scheme() != 0 && p.cu_seqlens == nullptr) prefill::add_ready_flags(plan);
+    if (overlap_scheme() != 0 && (p.cu_seqlens == nullptr || p.num_seqs == 1)) prefill::add_ready_flags(plan);
     return f == PrefillPath::kFused || f == PrefillPath::kTile16 ? plan.chunk_blocks_offset : plan.total_bytes;
   }
   if (f != PrefillPath::kChunked && (use_tile16(p) || use_fused(p))) return plan_for(p).chunk_blocks_offset;
@@ -590,14 +603,12 @@ Status run_prefill(const PrefillParams& p, cudaStream_t stream) {
   plan.f16_block = f16_block(p, seg);
   const prefill::CombineKernel combine = combine_kernel();
   plan.phi_fragments = combine == prefill::CombineKernel::kDirect;
-  // T = 0 has no prep CTA to write it: the plan kernel does; an overlapped call's recurrence reads
-  // the plan at its start, beside prep: the plan kernel writes it first
-  plan.fixed_plan_by_prep = p.cu_seqlens == nullptr && p.seqlen > 0 && fixed_plan_by_prep_on() && ov.rows == 0;
+  const bool routed = route_on_device(p);
+  plan.plan_by_prep = plan_by_prep(p, ov);
   if (ov.rows > 0) {
     prefill::add_ready_flags(plan);
     plan.overlap_pdl = overlap_scheme() == 2;
   }
-  const bool routed = route_on_device(p);
   if (routed) plan.route_bound = int32_t(kTile16MaxLength);
   if (p.workspace == nullptr || p.workspace_bytes < plan.total_bytes) {
     // the message only on the error path: nothing is built or allocated on a call that runs
@@ -615,8 +626,8 @@ Status run_prefill(const PrefillParams& p, cudaStream_t stream) {
   }
 
   // NOTE: with plan_ready the plan region already holds this batch's plan (kdakit::prefill_plan);
-  // with fixed_plan_by_prep the prep kernel writes it (for the kernels after it).
-  Status st = p.plan_ready || plan.fixed_plan_by_prep ? Status::Ok()
+  // with plan_by_prep the prep kernel writes it (for the kernels after it).
+  Status st = p.plan_ready || plan.plan_by_prep ? Status::Ok()
                                                       : prefill::launch_prefill_plan(p, plan, p.workspace, stream);
   if (!st.ok()) return st;
   if (routed) {

@@ -27,11 +27,14 @@ void set_prefill_segments(int32_t segment_chunks, int rows = 0);
 // kernel sums its three passes apart), the direct one bit for bit; tests run all three in one
 // process.
 void set_prefill_combine(int kernel);
-// Fixed batches on the two-kernel path without the plan kernel (the prep kernel writes their plan
-// entries): 1 on, 0 off (the default), negatives remove the override
-// (KDAKIT_PREFILL_FIXED_PLAN=prep, read once, or the default). Results are bit for bit the same
-// either way.
-void set_prefill_fixed_plan(int by_prep);
+// Fixed batches and single packed sequences on the two-kernel path without the plan kernel (the
+// prep kernel writes their plan entries): 1 on, 0 off (the default), negatives remove the override
+// (KDAKIT_PREFILL_PLAN=prep, read once, or the default). Results are bit for bit the same either
+// way.
+void set_prefill_plan_by_prep(int on);
+// Whether the prep kernel writes this two-kernel call's plan now (after the overrides); reads no
+// device memory.
+bool prefill_plan_by_prep(const PrefillParams& p);
 // Overlapped calls (the recurrence beside the prep grid, fixed batches whose chains need few CTAs;
 // dispatch.cu): 1 on two streams, 2 with programmatic dependent launch, 0 off (the default),
 // negatives remove the override (KDAKIT_PREFILL_OVERLAP=streams|pdl, read once, or the default).

@@ -149,9 +149,10 @@ struct WorkspacePlan {
   // Phi as mma B fragments (phi_fragment_offset) instead of the ldmatrix image; set by the
   // dispatcher for the combine kernel that reads it (CombineKernel::kDirect). false: the image.
   bool phi_fragments;
-  // A fixed batch (T > 0) on the two-kernel path whose plan entries the prep kernel writes
-  // (prep/config.h, PrepParams), so that no plan kernel runs (dispatch.cu); set by the dispatcher.
-  bool fixed_plan_by_prep;
+  // A fixed batch (T > 0) or a packed single sequence (not routed) on the two-kernel path whose
+  // plan entries the prep kernel writes (prep/config.h, PrepParams), so that no plan kernel runs
+  // (dispatch.cu); set by the dispatcher.
+  bool plan_by_prep;
   // An overlapped call (dispatch.cu, overlap): the recurrence grid runs beside the prep grid and
   // reads each chunk block once its ready flag (int32 [max_chunks][HV] at ready_offset, after
   // everything else; add_ready_flags) is set. false: no flags, the grids run one after the other.

@@ -286,11 +286,16 @@ TEST_P(PrefillSegmentsGpu, AccuracyEqualsWholeSequences) {
 INSTANTIATE_TEST_SUITE_P(Long, PrefillSegmentsGpu, ::testing::ValuesIn(long_cases()),
                          [](const ::testing::TestParamInfo<LongCase>& info) { return std::string(info.param.name); });
 
-// Fixed batches on the two-kernel path without the plan kernel (set_prefill_fixed_plan: the prep
-// kernel writes their plan entries): bit for bit the results of the run with the plan kernel, on
-// a workspace of 0xff bytes, so an entry left unwritten (an offset or length of -1) would show. Odd length with chunk states and GVA on whole sequences, then forced segments (the
-// summary, combine and recurrence passes on the derived map), bf16 K-first states in place.
-TEST(PrefillFixedPlanGpu, BitwiseTheRunWithThePlanKernel) {
+// Calls on the two-kernel path without the plan kernel (set_prefill_plan_by_prep: the prep
+// kernel writes the plan entries of a fixed batch, or of one packed sequence from its cu_seqlens):
+// bit for bit the results of the run with the plan kernel, on a workspace of 0xff bytes, so an
+// entry left unwritten (an offset or length of -1) would show. A fixed batch of odd length with
+// chunk states and GVA on whole sequences, one with forced segments (the summary, combine and
+// recurrence passes on the prep-written plan) and bf16 K-first states in place; one packed
+// sequence ending before the row does (cu[1] < T, int64 offsets) with segments and chunk states,
+// one with int32 offsets on whole sequences, and an empty one (only head 0's chunk-0 CTA writes
+// its plan, then every CTA exits).
+TEST(PrefillPlanByPrepGpu, BitwiseTheRunWithThePlanKernel) {
   if (!have_sm90()) GTEST_SKIP() << "no sm_90 GPU";
   struct Run {
     PrefillCase c;
@@ -305,6 +310,11 @@ TEST(PrefillFixedPlanGpu, BitwiseTheRunWithThePlanKernel) {
         .dtype_state = DType::kBFloat16, .layout = StateLayout::kKFirst, .in_place = true,
         .chunk_state_interval = 1024},
        4},
+      {{.name = "packed_one_segments_tail_int64", .seq_lens = {3000}, .tail = 17, .H = 2, .HV = 2, .K = 128,
+        .V = 128, .dtype_cu = DType::kInt64, .chunk_state_interval = 512},
+       8},
+      {{.name = "packed_one_int32", .seq_lens = {777}, .H = 1, .HV = 3, .K = 128, .V = 128}, 0},
+      {{.name = "packed_one_empty", .seq_lens = {0}, .tail = 5, .H = 1, .HV = 2, .K = 128, .V = 128}, 0},
   };
   for (const Run& r : runs) {
     SCOPED_TRACE(r.c.name);
@@ -316,11 +326,13 @@ TEST(PrefillFixedPlanGpu, BitwiseTheRunWithThePlanKernel) {
     sm90::set_prefill_segments(r.segment_chunks, r.segment_chunks > 0 ? 64 : 0);
     const PrefillParams sizes = fill_prefill_params(r.c, with_plan, host_pointers(with_plan));
     EXPECT_EQ(sm90::prefill_segment_chunks(sizes), r.segment_chunks);
-    sm90::set_prefill_fixed_plan(0);
+    sm90::set_prefill_plan_by_prep(0);
+    EXPECT_FALSE(sm90::prefill_plan_by_prep(sizes));
     const Status st_plan = run_prefill_on_gpu(r.c, with_plan, 0xff);
-    sm90::set_prefill_fixed_plan(1);
+    sm90::set_prefill_plan_by_prep(1);
+    EXPECT_TRUE(sm90::prefill_plan_by_prep(sizes)) << "the prep kernel writes this call's plan";
     const Status st_derived = run_prefill_on_gpu(r.c, derived, 0xff);
-    sm90::set_prefill_fixed_plan(-1);
+    sm90::set_prefill_plan_by_prep(-1);
     sm90::set_prefill_segments(-1);
     sm90::set_prefill_path(sm90::PrefillPath::kAuto);
     ASSERT_TRUE(st_plan.ok()) << st_plan.message();
@@ -339,7 +351,8 @@ TEST(PrefillFixedPlanGpu, BitwiseTheRunWithThePlanKernel) {
 // each chunk block once prep has flagged it): bit for bit the same whole-sequence recurrence run
 // after prep, on both launch schemes (two streams; programmatic dependent launch), eagerly and
 // captured into a CUDA graph, on a workspace of 0xff bytes (the flags are zeroed by the call).
-// 64-row chains (B x HV x 2 CTAs of at most 32) and 128-row ones (B x HV of at most 32).
+// 64-row chains (B x HV x 2 CTAs of at most 32) and 128-row ones (B x HV of at most 32), fixed
+// batches and one packed sequence ending before its row (prep's CTAs past it exit unflagged).
 TEST(PrefillOverlapGpu, BitwiseTheSequentialCall) {
   if (!have_sm90()) GTEST_SKIP() << "no sm_90 GPU";
   const char* blocking = std::getenv("CUDA_LAUNCH_BLOCKING");
@@ -357,6 +370,8 @@ TEST(PrefillOverlapGpu, BitwiseTheSequentialCall) {
        .chunk_state_interval = 128},
       {.name = "overlap_rows128_bf16_kfirst_in_place", .batch = 2, .seqlen = 3000, .H = 4, .HV = 16, .K = 128,
        .V = 128, .dtype_state = DType::kBFloat16, .layout = StateLayout::kKFirst, .in_place = true},
+      {.name = "overlap_packed_one_tail", .seq_lens = {2000}, .tail = 3, .H = 2, .HV = 8, .K = 128, .V = 128,
+       .chunk_state_interval = 256},
   };
   for (const PrefillCase& c : cases) {
     SCOPED_TRACE(c.name);

@@ -229,13 +229,19 @@ struct PrepParams {
   // Qt, W, Kh and M as fp16 and no Kh lo (WorkspacePlan::f16_block); else bf16 with Kh hi + lo
   bool f16_block;
   Route route;  // a routed call: the CTAs exit unless the plan's longest sequence is past the bound
-  // A fixed batch whose plan kernel the dispatcher skipped (WorkspacePlan::fixed_plan_by_prep):
-  // the CTA of each sequence's first chunk at value head 0 writes the sequence's plan entries
-  // (chunk_offsets[n], and [N] for the last row; seq_start[n] = 0, seq_len[n] = T: what
-  // plan_kernel.cuh writes for a fixed batch and the kernels after this one read). Null: no.
+  // A call whose plan kernel the dispatcher skipped (WorkspacePlan::plan_by_prep): a fixed batch,
+  // or a packed one of one sequence. Each sequence's first-chunk CTA at value head 0 writes its
+  // plan entries (chunk_offsets[n], and [N] for the last; seq_start[n], seq_len[n]: what
+  // plan_kernel.cuh would write and the kernels after this one read). Null: no.
   int32_t* fixed_chunk_offsets;
   int64_t* fixed_seq_start;
   int32_t* fixed_seq_len;
+  // ... the packed single sequence's cu_seqlens (int32 or int64 [2]) and the row's tokens T: the
+  // CTAs map their chunk from cu[0], cu[1] (clamped to [0, T] as the plan kernel does) instead
+  // of reading the plan region. Null when not that case.
+  const void* single_cu;
+  bool single_cu_int64;
+  int32_t row_tokens;
   // An overlapped call (WorkspacePlan::overlap): the ready flag of each (chunk, value head),
   // [max_chunks][HV], zeroed before the launch; each CTA sets its own to 1 once its block is
   // written. Null: no flags.

@@ -67,8 +67,8 @@
 // loops (the inverse's squaring steps, phase 2's k-steps by 2, phase 5's halves, the wide-span
 // loop by 2) took it to 6,520 and their prep 7% faster, the lower-bound rows unchanged (session
 // 14). The ctest prefill_prep_code_size (tests/cpp/prefill/prep) fails past 6,600 for the
-// lower-bound, bf16-g instantiation (6,456 now: 6,136 in session 23, 6,368 at session 27's c69847e,
-// 6,456 with session 28's fixed-plan and ready-flag epilogues); the softplus ones run ~24 instructions
+// lower-bound, bf16-g instantiation (6,528 now: 6,136 in session 23, 6,368 at session 27's c69847e,
+// 6,528 with session 28's plan writers and ready flags); the softplus ones run ~24 instructions
 // larger (~190 before their gate lost its select, session 23).
 #pragma once
 
@@ -318,6 +318,27 @@ __global__ void __launch_bounds__(kThreads, 2) kda_prefill_prep_sm90_kernel(cons
     chunk_in_seq = chunk - n * p.chunks_per_row;
     seq_len = p.seqlen;
     seq_start = 0;
+  } else if (p.single_cu != nullptr) {
+    // One packed sequence whose plan this kernel writes (PrepParams::single_cu): the plan
+    // kernel's clamping of cu[0], cu[1] to [0, T], and chunks past the sequence exit. The CTA of
+    // chunk 0 at head 0 writes the entries first, even for an empty sequence (it then exits too).
+    const int64_t c0 = p.single_cu_int64 ? static_cast<const int64_t*>(p.single_cu)[0]
+                                         : static_cast<const int32_t*>(p.single_cu)[0];
+    const int64_t c1 = p.single_cu_int64 ? static_cast<const int64_t*>(p.single_cu)[1]
+                                         : static_cast<const int32_t*>(p.single_cu)[1];
+    const int64_t start = min(max(c0, int64_t(0)), int64_t(p.row_tokens));
+    const int64_t end = max(start, min(max(c1, int64_t(0)), int64_t(p.row_tokens)));
+    n = 0;
+    chunk_in_seq = chunk;
+    seq_len = int(end - start);
+    seq_start = start;
+    if (chunk == 0 && h == 0 && threadIdx.x == 0) {
+      p.fixed_chunk_offsets[0] = 0;
+      p.fixed_chunk_offsets[1] = (seq_len + kChunk - 1) / kChunk;
+      p.fixed_seq_start[0] = seq_start;
+      p.fixed_seq_len[0] = seq_len;
+    }
+    if (chunk * kChunk >= seq_len) return;
   } else {
     // NOTE: chunk_seq is -1 past the plan's total, so the exit test needs no load of the total
     // before it: one dependent L2 round trip less ahead of the data loads.
@@ -936,7 +957,8 @@ __global__ void __launch_bounds__(kThreads, 2) kda_prefill_prep_sm90_kernel(cons
   // A fixed batch without the plan kernel: this row's plan entries, by the CTA of its first chunk
   // at head 0 (only the kernels after this one read them). NOTE: here at the end, where registers
   // are free; at the top, behind the opening loads, it took the kernel from 125 to 127 registers.
-  if (p.fixed_chunk_offsets != nullptr && tid == 0 && h == 0 && chunk_in_seq == 0) {
+  // (A packed single sequence's are written at the top: its chunk 0 may have no work.)
+  if (p.fixed_chunk_offsets != nullptr && !p.packed && tid == 0 && h == 0 && chunk_in_seq == 0) {
     p.fixed_chunk_offsets[n] = chunk;
     if (n == p.num_seqs - 1) p.fixed_chunk_offsets[n + 1] = chunk + p.chunks_per_row;
     p.fixed_seq_start[n] = 0;

@@ -95,13 +95,17 @@ Status launch_prefill_prep(const PrefillParams& p, const WorkspacePlan& w, void*
       .lower_bound = p.lower_bound,
       .f16_block = w.f16_block,
       .route = route_of(w, workspace),
-      .fixed_chunk_offsets = w.fixed_plan_by_prep ? reinterpret_cast<int32_t*>(base + w.chunk_offsets_offset) : nullptr,
-      .fixed_seq_start = w.fixed_plan_by_prep ? reinterpret_cast<int64_t*>(base + w.seq_start_offset) : nullptr,
-      .fixed_seq_len = w.fixed_plan_by_prep ? reinterpret_cast<int32_t*>(base + w.seq_len_offset) : nullptr,
+      .fixed_chunk_offsets = w.plan_by_prep ? reinterpret_cast<int32_t*>(base + w.chunk_offsets_offset) : nullptr,
+      .fixed_seq_start = w.plan_by_prep ? reinterpret_cast<int64_t*>(base + w.seq_start_offset) : nullptr,
+      .fixed_seq_len = w.plan_by_prep ? reinterpret_cast<int32_t*>(base + w.seq_len_offset) : nullptr,
+      .single_cu = w.plan_by_prep && packed ? p.cu_seqlens : nullptr,
+      .single_cu_int64 = p.dtype_cu_seqlens == DType::kInt64,
+      .row_tokens = int32_t(p.seqlen),
       .ready = w.overlap ? reinterpret_cast<int32_t*>(base + w.ready_offset) : nullptr,
   };
-  KDAKIT_CHECK(!w.fixed_plan_by_prep || (!packed && p.seqlen > 0), kInternal,
-               "prefill prep: only a fixed batch with T > 0 has its plan written by the prep kernel");
+  KDAKIT_CHECK(!w.plan_by_prep || (packed ? w.num_seqs == 1 && w.route_bound < 0 : p.seqlen > 0), kInternal,
+               "prefill prep: only a fixed batch with T > 0 or one packed sequence (not routed) has its plan "
+               "written by the prep kernel");
   const bool g_fp32 = p.dtype_g == DType::kFloat32;
   const bool pdl = w.overlap_pdl;  // an overlapped call's prep as the recurrence's dependent (dispatch.cu)
   switch (p.gate) {
