@@ -67,8 +67,8 @@
 // loops (the inverse's squaring steps, phase 2's k-steps by 2, phase 5's halves, the wide-span
 // loop by 2) took it to 6,520 and their prep 7% faster, the lower-bound rows unchanged (session
 // 14). The ctest prefill_prep_code_size (tests/cpp/prefill/prep) fails past 6,600 for the
-// lower-bound, bf16-g instantiation (6,528 now: 6,136 in session 23, 6,368 at session 27's c69847e,
-// 6,528 with session 28's plan writers and ready flags); the softplus ones run ~24 instructions
+// lower-bound, bf16-g instantiations (6,368 now, 6,136 in session 23; 6,528 for the kExtras one
+// with session 28's plan writers and ready flags); the softplus ones run ~24 instructions
 // larger (~190 before their gate lost its select, session 23).
 #pragma once
 
@@ -297,7 +297,11 @@ __device__ __forceinline__ void lm_store(const float (&acc0)[4][4], const float 
 // ------------------------------------------------------------------------------------------
 // Prep kernel
 // ------------------------------------------------------------------------------------------
-template <GateMode kGate, typename GT>
+// kExtras: the call's plan entries (PrepParams::fixed_chunk_offsets, single_cu) or ready flags
+// (PrepParams::ready) may be set. A separate instantiation, so that the kernel of every other call
+// compiles to the code it had before them (session 28: in one kernel the unused branches
+// rescheduled it, 125 -> 127 registers, and this kernel is sensitive to its code; the NOTE above).
+template <GateMode kGate, typename GT, bool kExtras>
 __global__ void __launch_bounds__(kThreads, 2) kda_prefill_prep_sm90_kernel(const __grid_constant__ PrepParams p) {
   using Plan = SharedMemoryPlan;
   using Layout = ChunkBlockLayout;
@@ -318,7 +322,7 @@ __global__ void __launch_bounds__(kThreads, 2) kda_prefill_prep_sm90_kernel(cons
     chunk_in_seq = chunk - n * p.chunks_per_row;
     seq_len = p.seqlen;
     seq_start = 0;
-  } else if (p.single_cu != nullptr) {
+  } else if (kExtras && p.single_cu != nullptr) {
     // One packed sequence whose plan this kernel writes (PrepParams::single_cu): the plan
     // kernel's clamping of cu[0], cu[1] to [0, T], and chunks past the sequence exit. The CTA of
     // chunk 0 at head 0 writes the entries first, even for an empty sequence (it then exits too).
@@ -958,7 +962,7 @@ __global__ void __launch_bounds__(kThreads, 2) kda_prefill_prep_sm90_kernel(cons
   // at head 0 (only the kernels after this one read them). NOTE: here at the end, where registers
   // are free; at the top, behind the opening loads, it took the kernel from 125 to 127 registers.
   // (A packed single sequence's are written at the top: its chunk 0 may have no work.)
-  if (p.fixed_chunk_offsets != nullptr && !p.packed && tid == 0 && h == 0 && chunk_in_seq == 0) {
+  if (kExtras && p.fixed_chunk_offsets != nullptr && !p.packed && tid == 0 && h == 0 && chunk_in_seq == 0) {
     p.fixed_chunk_offsets[n] = chunk;
     if (n == p.num_seqs - 1) p.fixed_chunk_offsets[n + 1] = chunk + p.chunks_per_row;
     p.fixed_seq_start[n] = 0;
@@ -966,7 +970,7 @@ __global__ void __launch_bounds__(kThreads, 2) kda_prefill_prep_sm90_kernel(cons
   }
   // Overlapped calls (PrepParams::ready): the block is complete, tell the recurrence grid that
   // runs beside this one (it reads the block by TMA once the flag is set).
-  if (p.ready != nullptr) {
+  if (kExtras && p.ready != nullptr) {
     kdakit::cuda::ptx::publish_fence();
     __syncthreads();
     if (tid == 0) kdakit::cuda::ptx::store_release_gpu(p.ready + size_t(chunk) * p.num_v_heads + h, 1);
@@ -985,13 +989,14 @@ inline Status cuda_status(cudaError_t err, int line, const char* what) {
 template <GateMode kGate, bool kGFp32>
 Status launch_prep_kernel(const PrepParams& params, int64_t max_chunks, cudaStream_t stream, bool programmatic) {
   using GT = std::conditional_t<kGFp32, float, __nv_bfloat16>;
-  auto* kernel = &kda_prefill_prep_sm90_kernel<kGate, GT>;
+  const bool extras = params.fixed_chunk_offsets != nullptr || params.single_cu != nullptr || params.ready != nullptr;
+  auto* kernel = extras ? &kda_prefill_prep_sm90_kernel<kGate, GT, true> : &kda_prefill_prep_sm90_kernel<kGate, GT, false>;
   constexpr int kSmem = int(SharedMemoryPlan::kBytes);
   // NOTE: the attributes are per function and device; setting them once per device keeps the
   // run path free of repeated driver calls (common/device_setup.cuh).
   // NOTE: the largest carveout lets two CTAs (2 x 107 KB) share an SM.
-  static kdakit::cuda::PerDeviceOnce attr_once;
-  const cudaError_t attr_err = kdakit::cuda::set_up_once_per_device(attr_once, [&] {
+  static kdakit::cuda::PerDeviceOnce attr_once, extras_attr_once;  // per function and device
+  const cudaError_t attr_err = kdakit::cuda::set_up_once_per_device(extras ? extras_attr_once : attr_once, [&] {
     const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
     return e != cudaSuccess ? e
                             : cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,

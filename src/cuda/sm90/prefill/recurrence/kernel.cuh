@@ -557,8 +557,9 @@ inline Status cuda_status(cudaError_t err, const char* what, int line) {
 
 // The wgmma version of the 64- and 128-row recurrence and summary pass (wgmma.cuh,
 // instantiations/wgmma_*.cu); kF16: on an fp16 block (WorkspacePlan::f16_block); kOverlap: the
-// recurrence beside the prep grid (WorkspacePlan::overlap).
-template <int kValueRows, bool kSummary, bool kF16, bool kOverlap = false>
+// recurrence beside the prep grid (WorkspacePlan::overlap); kPhiFragments: summaries writing Phi
+// as mma fragments (WorkspacePlan::phi_fragments).
+template <int kValueRows, bool kSummary, bool kF16, bool kOverlap = false, bool kPhiFragments = false>
 Status launch_wgmma(const KernelParams& kp, const TmaParams& tma, int64_t num_ctas, cudaStream_t stream);
 
 }  // namespace kdakit::sm90::prefill::recurrence
@@ -652,6 +653,11 @@ Status launch(const PrefillParams& p, const WorkspacePlan& plan, const void* wor
       if (plan.overlap) {
         return f16 ? launch_wgmma<kValueRows, false, true, true>(kp, tma, num_ctas, stream)
                    : launch_wgmma<kValueRows, false, false, true>(kp, tma, num_ctas, stream);
+      }
+    } else {
+      if (plan.phi_fragments) {
+        return f16 ? launch_wgmma<kValueRows, true, true, false, true>(kp, tma, num_ctas, stream)
+                   : launch_wgmma<kValueRows, true, false, false, true>(kp, tma, num_ctas, stream);
       }
     }
     return f16 ? launch_wgmma<kValueRows, kSummary, true>(kp, tma, num_ctas, stream)

@@ -139,11 +139,14 @@ __device__ __forceinline__ void rescale_rows(float (&s)[16][4], float (&u)[32], 
 // kOverlap (recurrence only; dispatch.cu, overlap): the grid runs beside the prep grid, and each
 // chunk block is loaded only once prep has flagged it (KernelParams::ready). Launched as the
 // primary of a programmatic dependent launch, it lets the prep grid start once its own CTAs are
-// resident.
-template <int kValueRows, bool kSummary, bool kF16, bool kOverlap>
+// resident. kPhiFragments (summaries only; KernelParams::phi_fragments): Phi leaves as mma B
+// fragments. Both are instantiations of their own, so that the default kernels compile to the
+// code they had before them.
+template <int kValueRows, bool kSummary, bool kF16, bool kOverlap, bool kPhiFragments>
 __global__ void __launch_bounds__(kCtaThreads<kValueRows>, 1)
     kda_prefill_recurrence_wgmma_sm90_kernel(const __grid_constant__ KernelParams p, const __grid_constant__ TmaParams tma) {
   static_assert(!(kOverlap && kSummary), "only the recurrence runs beside prep");
+  static_assert(!kPhiFragments || kSummary, "only summaries write Phi");
   if constexpr (kOverlap) kdakit::cuda::ptx::griddep_launch_dependents();
   using Cfg = Config<kValueRows>;
   using Smem = typename Cfg::SharedMemoryPlan;
@@ -451,7 +454,7 @@ __global__ void __launch_bounds__(kCtaThreads<kValueRows>, 1)
       // k + 1 (k even) of one column, and rows vrow, vrow + 1 sit in lanes 4 apart (vrow's parity
       // is g's): the even lane writes column n0 = 8 j + 2 t of its row and the next, the odd lane
       // column n0 + 1 of the row before and its own, after one exchange of the packed words.
-      const bool odd = (g & 1) != 0;
+      [[maybe_unused]] const bool odd = (g & 1) != 0;
 #pragma unroll
       for (int j = 0; j < 16; ++j) {
 #pragma unroll
@@ -459,7 +462,7 @@ __global__ void __launch_bounds__(kCtaThreads<kValueRows>, 1)
           uint32_t hi, lo;
           ptx::split_bf16(state4[j][2 * half], state4[j][2 * half + 1], hi, lo);
           uint32_t off;
-          if (!p.phi_fragments) {
+          if constexpr (!kPhiFragments) {
             off = phi_offset(vrow + 8 * half, 8 * j + 2 * t);
           } else {
             const uint32_t hi_p = __shfl_xor_sync(0xffffffffu, hi, 4);
@@ -484,10 +487,10 @@ __global__ void __launch_bounds__(kCtaThreads<kValueRows>, 1)
   }
 }
 
-template <int kValueRows, bool kSummary, bool kF16, bool kOverlap>
+template <int kValueRows, bool kSummary, bool kF16, bool kOverlap, bool kPhiFragments>
 Status launch_wgmma(const KernelParams& kp, const TmaParams& tma, int64_t num_ctas, cudaStream_t stream) {
   using Smem = typename Config<kValueRows>::SharedMemoryPlan;
-  auto kernel = kda_prefill_recurrence_wgmma_sm90_kernel<kValueRows, kSummary, kF16, kOverlap>;
+  auto kernel = kda_prefill_recurrence_wgmma_sm90_kernel<kValueRows, kSummary, kF16, kOverlap, kPhiFragments>;
   static kdakit::cuda::PerDeviceOnce attr_once;  // per function and device (common/device_setup.cuh)
   cudaError_t err = kdakit::cuda::set_up_once_per_device(attr_once, [&] {
     return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(Smem::kAllocBytes));
