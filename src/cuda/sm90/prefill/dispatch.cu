@@ -393,17 +393,15 @@ bool route_on_device(const PrefillParams& p) {
 prefill::OverlapChoice overlap_for(const PrefillParams& p, const prefill::SegmentChoice& seg) {
   const PrefillPath f = forced_path();
   const ForcedSegments fs = forced_segments();
-  // a packed batch of one sequence (not routed) is modelled as one row of T tokens
-  const bool one_row = p.cu_seqlens == nullptr || (p.num_seqs == 1 && !route_on_device(p));
-  if (overlap_scheme() == 0 || !one_row || p.seqlen <= 0 || p.num_seqs <= 0 ||
+  if (overlap_scheme() == 0 || route_on_device(p) || p.seqlen <= 0 || p.num_seqs <= 0 ||
       (f != PrefillPath::kAuto && f != PrefillPath::kChunked) || (fs.set && !fs.model))
     return {};
   prefill::SegmentChoice chains = seg;  // the block type of 64- or 128-row chains
   chains.segment_chunks = 0;
   chains.rows = 64;
   const bool f16 = f16_block(p, chains);
-  const int64_t rows_of_batch = p.cu_seqlens != nullptr ? 1 : p.batch;
-  return prefill::choose_overlap(rows_of_batch, p.seqlen, p.num_v_heads, current_num_sms(), seg.predicted_us,
+  return prefill::choose_overlap(p.batch, p.seqlen, p.num_seqs, p.cu_seqlens != nullptr, p.num_v_heads,
+                                 current_num_sms(), seg.predicted_us,
                                  f16 ? 1.4 : 1.9, f16 ? 2.7 : 3.4, overlap_forced);
 }
 
@@ -479,7 +477,7 @@ size_t prefill_workspace_size(const PrefillParams& p) {
   if (batch_only) {
     prefill::WorkspacePlan plan = plan_for(p, sizing_segment_chunks(p));
     // an overlapped call's flags on top (its whole-sequence plan is no larger than this one)
-    if (overlap_scheme() != 0 && (p.cu_seqlens == nullptr || p.num_seqs == 1)) prefill::add_ready_flags(plan);
+    if (overlap_scheme() != 0) prefill::add_ready_flags(plan);
     return f == PrefillPath::kFused || f == PrefillPath::kTile16 ? plan.chunk_blocks_offset : plan.total_bytes;
   }
   if (f != PrefillPath::kChunked && (use_tile16(p) || use_fused(p))) return plan_for(p).chunk_blocks_offset;
@@ -500,9 +498,9 @@ Status run_overlapped(const PrefillParams& p, const prefill::WorkspacePlan& plan
                       : prefill::launch_prefill_recurrence<128>(p, plan, p.workspace, s);
   };
   if (std::getenv("KDAKIT_PRINT_CONFIGS") != nullptr)
-    std::fprintf(stderr, "kdakit prefill: B=%lld T=%lld HV=%d overlapped (%s): %d-row chains beside prep (model %.0f us, "
-                 "sequential %.0f us)\n", (long long)p.batch, (long long)p.seqlen, p.num_v_heads,
-                 plan.overlap_pdl ? "pdl" : "streams", rows, ov.predicted_us, ov.sequential_us);
+    std::fprintf(stderr, "kdakit prefill: N=%lld T=%lld HV=%d overlapped (%s): %d CTAs of %d-row chains beside prep "
+                 "(model %.0f us, sequential %.0f us)\n", (long long)p.num_seqs, (long long)p.seqlen, p.num_v_heads,
+                 plan.overlap_pdl ? "pdl" : "streams", ov.ctas, rows, ov.predicted_us, ov.sequential_us);
   cudaError_t err = cudaMemsetAsync(static_cast<uint8_t*>(p.workspace) + plan.ready_offset, 0,
                                     plan.total_bytes - plan.ready_offset, stream);
   if (err != cudaSuccess)
@@ -608,6 +606,7 @@ Status run_prefill(const PrefillParams& p, cudaStream_t stream) {
   if (ov.rows > 0) {
     prefill::add_ready_flags(plan);
     plan.overlap_pdl = overlap_scheme() == 2;
+    plan.overlap_ctas = ov.ctas;
   }
   if (routed) plan.route_bound = int32_t(kTile16MaxLength);
   if (p.workspace == nullptr || p.workspace_bytes < plan.total_bytes) {

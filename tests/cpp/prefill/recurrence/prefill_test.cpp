@@ -351,8 +351,9 @@ TEST(PrefillPlanByPrepGpu, BitwiseTheRunWithThePlanKernel) {
 // each chunk block once prep has flagged it): bit for bit the same whole-sequence recurrence run
 // after prep, on both launch schemes (two streams; programmatic dependent launch), eagerly and
 // captured into a CUDA graph, on a workspace of 0xff bytes (the flags are zeroed by the call).
-// 64-row chains (B x HV x 2 CTAs of at most 32) and 128-row ones (B x HV of at most 32), fixed
-// batches and one packed sequence ending before its row (prep's CTAs past it exit unflagged).
+// 64-row chains (HV x 2 of at most 32 per sequence) and 128-row ones (HV of at most 32), fixed
+// batches, one packed sequence ending before its row (prep's CTAs past it exit unflagged), and
+// four packed sequences (one empty) whose 64 items the 32 CTAs take two by two.
 TEST(PrefillOverlapGpu, BitwiseTheSequentialCall) {
   if (!have_sm90()) GTEST_SKIP() << "no sm_90 GPU";
   const char* blocking = std::getenv("CUDA_LAUNCH_BLOCKING");
@@ -372,6 +373,10 @@ TEST(PrefillOverlapGpu, BitwiseTheSequentialCall) {
        .V = 128, .dtype_state = DType::kBFloat16, .layout = StateLayout::kKFirst, .in_place = true},
       {.name = "overlap_packed_one_tail", .seq_lens = {2000}, .tail = 3, .H = 2, .HV = 8, .K = 128, .V = 128,
        .chunk_state_interval = 256},
+      // 4 x 8 x 2 = 64 items on 32 CTAs: each CTA runs two (its barriers set up again), longest first
+      {.name = "overlap_packed_items_empty_pool", .seq_lens = {1500, 0, 300, 2100}, .tail = 4, .H = 4, .HV = 8,
+       .K = 128, .V = 128, .initial = StateSource::kPool, .final_state = StateSource::kPool, .extra_slots = 2,
+       .in_place = true},
   };
   for (const PrefillCase& c : cases) {
     SCOPED_TRACE(c.name);

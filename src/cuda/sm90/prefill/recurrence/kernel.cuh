@@ -93,6 +93,8 @@ struct KernelParams : common::StateParams {
   int32_t max_segments;           // grid extent of the segment index
   bool phi_fragments;             // summaries write Phi as mma B fragments (WorkspacePlan::phi_fragments)
   const int32_t* ready;           // overlapped calls: prep's ready flags [max_chunks][HV] (else null)
+  int32_t* work_counter;          // ... and the items taken so far (zeroed per call)
+  int32_t num_items;              // ... of N x HV x slices
 };
 
 // The sequence of launch rank i (the grid has the sequence slowest): the plan's seq_order, so
@@ -640,19 +642,22 @@ Status launch(const PrefillParams& p, const WorkspacePlan& plan, const void* wor
   kp.max_segments = plan.segment_chunks > 0 ? plan.max_segments : 1;
   kp.phi_fragments = plan.phi_fragments;
   kp.ready = plan.overlap ? reinterpret_cast<const int32_t*>(ws + plan.ready_offset) : nullptr;
+  kp.work_counter = plan.overlap ? reinterpret_cast<int32_t*>(const_cast<uint8_t*>(ws) + work_counter_offset(plan)) : nullptr;
   if (kSummary && plan.segment_chunks <= 0) return Status(StatusCode::kInternal, "recurrence: summaries without segments");
 
   const int64_t num_ctas = p.num_seqs * p.num_v_heads * kp.max_segments * Cfg::kSlices * (kSummary ? 2 : 1);
   if (num_ctas > int64_t(INT32_MAX))
     return Status(StatusCode::kUnsupported, "recurrence: N * HV * segments * slices must stay below 2^31, got " +
                                                 std::to_string(num_ctas));
-  if (plan.overlap && (kSummary || kValueRows < 64 || plan.segment_chunks > 0))
+  if (plan.overlap && (kSummary || kValueRows < 64 || plan.segment_chunks > 0 || plan.overlap_ctas <= 0))
     return Status(StatusCode::kInternal, "recurrence: an overlapped call runs whole sequences on 64 or 128 rows");
   if constexpr (kValueRows == 64 || kValueRows == 128) {
     if constexpr (!kSummary) {
-      if (plan.overlap) {
-        return f16 ? launch_wgmma<kValueRows, false, true, true>(kp, tma, num_ctas, stream)
-                   : launch_wgmma<kValueRows, false, false, true>(kp, tma, num_ctas, stream);
+      if (plan.overlap) {  // overlap_ctas CTAs take the num_ctas items from the counter
+        kp.num_items = int32_t(num_ctas);
+        const int64_t ctas = std::min<int64_t>(num_ctas, plan.overlap_ctas);
+        return f16 ? launch_wgmma<kValueRows, false, true, true>(kp, tma, ctas, stream)
+                   : launch_wgmma<kValueRows, false, false, true>(kp, tma, ctas, stream);
       }
     } else {
       if (plan.phi_fragments) {

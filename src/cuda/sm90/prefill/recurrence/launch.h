@@ -281,54 +281,76 @@ static_assert(choose_segments(1, 40960, 9, true, 8, 132).segment_chunks == 64 &&
               "H8 32K + 8 x 1K: 64-chunk segments, 64-row recurrence");
 
 // ---- overlapped calls (dispatch.cu, overlap; opt-in since session 28, not yet timed) ----------
-// A fixed batch whose whole-sequence chains need few CTAs can run its recurrence beside the prep
-// grid: the chains take one SM per CTA and read each chunk block once prep has flagged it, prep
-// runs on the other SMs (docs/design/20261201-prefill-segments.md, session 28). The call then
-// costs about the longer of the chain and prep on the SMs left, against prep on every SM plus
-// the passes (choose_segments' prediction). Prep is charged kPrepUsPerWave a wave of two CTAs
-// per SM (H200, session 27: H96 fixed 855 us for 46.5 waves, H4 T = 32K 162 us for 7.8 -> 8).
+// The recurrence can run beside the prep grid on a few SMs, each of its CTAs taking (sequence,
+// head, slice) items (the longest sequence first) and reading each chunk block once prep has
+// flagged it; prep runs on the other SMs (docs/design/20261201-prefill-segments.md, session 28).
+// The call then costs about the longer of the chains and prep on the SMs left, against prep on
+// every SM plus the passes (choose_segments' prediction). Prep is charged kPrepUsPerWave a wave of
+// two CTAs per SM (H200, session 27: H96 fixed 855 us for 46.5 waves, H4 T = 32K 162 us for 7.8 ->
+// 8).
 inline constexpr double kPrepUsPerWave = 19.0;
 // At most this many chain CTAs (one SM each), and at most a quarter of the SMs: the rest keep
 // prep going (the chains wait on it, so they must never hold every SM).
 inline constexpr int64_t kOverlapMaxChainCtas = 32;
 struct OverlapChoice {
-  int rows = 0;  // value rows per chain CTA (64 or 128); 0: no overlap
+  int rows = 0;       // value rows per chain CTA (64 or 128); 0: no overlap
+  int32_t ctas = 0;   // chain CTAs
   double predicted_us = 0;   // the overlapped call (prep and chains)
   double sequential_us = 0;  // prep on every SM plus `passes_us`
 };
-// chunk_us64 / chunk_us128: a chunk's time on one chain CTA (the block type's: fp16 ~1.4 / 2.7 us,
-// bf16 1.9 / 3.4; launch.h's NOTEs). force: the overlap whenever the chains fit (tests).
-constexpr OverlapChoice choose_overlap(int64_t batch, int64_t seqlen, int32_t num_v_heads, int num_sms,
-                                       double passes_us, double chunk_us64, double chunk_us128, bool force) {
+// The batch as the host knows it (BatchChains): `chains` sequences (B rows, or N packed ones whose
+// lengths only the device knows: the longest may hold all T tokens, all of them at most
+// T / 64 + N chunks). A sequence's HV x (128 / rows) items must all fit at once, so that the
+// longest one's chains run side by side. chunk_us64 / chunk_us128: a chunk's time on one chain CTA
+// (the block type's: fp16 ~1.4 / 2.7 us, bf16 1.9 / 3.4; the NOTEs above). force: the overlap
+// whenever the chains fit (tests).
+constexpr OverlapChoice choose_overlap(int64_t batch, int64_t seqlen, int64_t num_seqs, bool packed,
+                                       int32_t num_v_heads, int num_sms, double passes_us, double chunk_us64,
+                                       double chunk_us128, bool force) {
   OverlapChoice c{};
   const int64_t cap = std::min<int64_t>(kOverlapMaxChainCtas, num_sms / 4);
-  const int64_t pairs = batch * num_v_heads;
-  const int64_t chunks = (seqlen + kChunk - 1) / kChunk;
-  if (batch <= 0 || chunks <= 0 || cap <= 0) return c;
-  const int rows = 2 * pairs <= cap ? 64 : pairs <= cap ? 128 : 0;
+  const int64_t per_row = (seqlen + kChunk - 1) / kChunk;
+  const int64_t seqs = packed ? num_seqs : batch;
+  if (seqs <= 0 || per_row <= 0 || cap <= 0) return c;
+  const int rows = 2 * int64_t(num_v_heads) <= cap ? 64 : int64_t(num_v_heads) <= cap ? 128 : 0;
   if (rows == 0) return c;
-  const int64_t chain_ctas = pairs * (128 / rows);
-  const int64_t prep_ctas = batch * chunks * num_v_heads;
-  const double chain = double(chunks) * (rows == 64 ? chunk_us64 : chunk_us128);
-  const double prep_beside = waves(prep_ctas, 2 * (num_sms - int(chain_ctas))) * kPrepUsPerWave;
+  const int64_t per_seq = int64_t(num_v_heads) * (128 / rows);  // items of one sequence
+  const int64_t items = seqs * per_seq;
+  const int64_t ctas = std::min(items, cap);
+  const int64_t max_chunks = packed ? per_row + num_seqs : batch * per_row;
+  const double us = rows == 64 ? chunk_us64 : chunk_us128;
+  // the longest item's chain, or every item's chunks spread over the CTAs
+  const double longest = double(per_row) * us;
+  const double spread = double(per_seq) * double(max_chunks) * us / double(ctas);
+  const double chain = longest > spread ? longest : spread;
+  const int64_t prep_ctas = max_chunks * num_v_heads;
+  const double prep_beside = waves(prep_ctas, 2 * (num_sms - int(ctas))) * kPrepUsPerWave;
   c.sequential_us = waves(prep_ctas, 2 * num_sms) * kPrepUsPerWave + passes_us;
   c.predicted_us = (chain > prep_beside ? chain : prep_beside) + 5.0;
-  if (force || c.predicted_us < 0.95 * c.sequential_us) c.rows = rows;
+  if (force || c.predicted_us < 0.95 * c.sequential_us) {
+    c.rows = rows;
+    c.ctas = int32_t(ctas);
+  }
   return c;
 }
 namespace overlap_checks {
-constexpr double passes(int64_t seqlen, int32_t hv) {
-  return choose_segments(1, seqlen, 1, false, hv, 132).predicted_us;
+constexpr double passes(int64_t seqlen, int64_t n, bool packed, int32_t hv) {
+  return choose_segments(1, seqlen, n, packed, hv, 132).predicted_us;
+}
+constexpr OverlapChoice one(int64_t seqlen, int32_t hv, bool force = false) {
+  return choose_overlap(1, seqlen, 1, true, hv, 132, passes(seqlen, 1, true, hv), 1.4, 2.7, force);
 }
 }  // namespace overlap_checks
-// fp16 blocks (the default for L2-normed inputs), single sequences on 132 SMs
-static_assert(choose_overlap(1, 8192, 16, 132, overlap_checks::passes(8192, 16), 1.4, 2.7, false).rows == 64,
-              "H16 T = 8K: the chains on 32 CTAs of 64 rows beside prep");
-static_assert(choose_overlap(1, 8192, 32, 132, overlap_checks::passes(8192, 32), 1.4, 2.7, false).rows == 128,
-              "H32 T = 8K: the chains on 32 CTAs of 128 rows beside prep");
-static_assert(choose_overlap(1, 32768, 4, 132, overlap_checks::passes(32768, 4), 1.4, 2.7, false).rows == 0,
-              "H4 T = 32K: the segments' passes are shorter than one chain");
-static_assert(choose_overlap(1, 8192, 64, 132, 0.0, 1.4, 2.7, true).rows == 0, "H64: too many chains to overlap");
-static_assert(choose_overlap(1, 8192, 96, 132, 0.0, 1.4, 2.7, true).rows == 0, "H96: too many chains to overlap");
+// fp16 blocks (the default for L2-normed inputs), the benchmark's rows (packed, N = 1 or 9) on 132
+// SMs
+static_assert(overlap_checks::one(8192, 16).rows == 64, "H16 T = 8K: the chains on 32 CTAs of 64 rows");
+static_assert(overlap_checks::one(8192, 32).rows == 128, "H32 T = 8K (H32 fixed): 32 CTAs of 128 rows");
+static_assert(overlap_checks::one(32768, 32).rows == 128, "H32 T = 32K: 32 CTAs of 128 rows");
+static_assert(overlap_checks::one(32768, 4).rows == 0, "H4 T = 32K: the segments' passes are shorter than one chain");
+static_assert(overlap_checks::one(8192, 64, true).rows == 0, "H64: a sequence's chains do not fit");
+static_assert(choose_overlap(1, 40960, 9, true, 32, 132, overlap_checks::passes(40960, 9, true, 32), 1.4, 2.7, false)
+                      .rows == 128,
+              "H32 32K + 8 x 1K: 32 CTAs of 128 rows, the 32K sequence's items first");
+static_assert(choose_overlap(1, 8192, 6, true, 96, 132, 0.0, 1.4, 2.7, true).rows == 0, "H96: too many chains");
 
 }  // namespace kdakit::sm90::prefill

@@ -136,18 +136,13 @@ __device__ __forceinline__ void rescale_rows(float (&s)[16][4], float (&u)[32], 
   scale_acc_rows(u, fu);
 }
 
-// kOverlap (recurrence only; dispatch.cu, overlap): the grid runs beside the prep grid, and each
-// chunk block is loaded only once prep has flagged it (KernelParams::ready). Launched as the
-// primary of a programmatic dependent launch, it lets the prep grid start once its own CTAs are
-// resident. kPhiFragments (summaries only; KernelParams::phi_fragments): Phi leaves as mma B
-// fragments. Both are instantiations of their own, so that the default kernels compile to the
-// code they had before them.
+// One CTA's work item: `item` is the grid position it stands for (an overlapped call's item from
+// its work counter; -1: the block index). reinit: the CTA ran an item before (its stage barriers
+// are invalidated and initialised again).
 template <int kValueRows, bool kSummary, bool kF16, bool kOverlap, bool kPhiFragments>
-__global__ void __launch_bounds__(kCtaThreads<kValueRows>, 1)
-    kda_prefill_recurrence_wgmma_sm90_kernel(const __grid_constant__ KernelParams p, const __grid_constant__ TmaParams tma) {
+__device__ __forceinline__ void wgmma_item(const KernelParams& p, const TmaParams& tma, int64_t item, bool reinit) {
   static_assert(!(kOverlap && kSummary), "only the recurrence runs beside prep");
   static_assert(!kPhiFragments || kSummary, "only summaries write Phi");
-  if constexpr (kOverlap) kdakit::cuda::ptx::griddep_launch_dependents();
   using Cfg = Config<kValueRows>;
   using Smem = typename Cfg::SharedMemoryPlan;
   constexpr int kStages = Cfg::kStages;
@@ -165,7 +160,7 @@ __global__ void __launch_bounds__(kCtaThreads<kValueRows>, 1)
 
   // Grid order (fastest first): value slice z, segment, value head, sequence (as kernel.cuh).
   constexpr int kZ = kSummary ? 2 * Cfg::kSlices : Cfg::kSlices;
-  const int64_t cta = blockIdx.x;
+  const int64_t cta = item < 0 ? int64_t(blockIdx.x) : item;
   const int z = int(cta % kZ);
   const int64_t rest = cta / kZ;
   const int seg = int(rest % p.max_segments);
@@ -182,8 +177,13 @@ __global__ void __launch_bounds__(kCtaThreads<kValueRows>, 1)
   const int chunk_begin = work.chunk_begin, j_begin = work.j_begin, num_chunks = work.num_chunks;
   volatile int* last_segment_flag = reinterpret_cast<volatile int*>(smem + Smem::kFlagsOffset);
 
-  if (threadIdx.x == 0)
+  if (threadIdx.x == 0) {
+    if (kOverlap && reinit) {
+#pragma unroll
+      for (int st = 0; st < kStages; ++st) ptx::mbarrier_inval(&full[st]), ptx::mbarrier_inval(&empty[st]);
+    }
     init_pipeline<kStages>(full, empty, Cfg::kThreads, last_segment_flag, seg == work.nseg - 1);
+  }
   __syncthreads();
 
   // kOverlap: chunk j's block is read once prep's CTA has flagged it (the flag's acquire, then the
@@ -484,6 +484,36 @@ __global__ void __launch_bounds__(kCtaThreads<kValueRows>, 1)
   if (*last_segment_flag != 0) {
     void* fin = common::final_state_of(p, n, h);
     if (fin != nullptr) store_state(state4, fin, vrow, t, p);
+  }
+}
+
+// kOverlap (recurrence only; dispatch.cu, overlap): the grid runs beside the prep grid, and each
+// chunk block is loaded only once prep has flagged it (KernelParams::ready). The grid is at most
+// min(32, SMs / 4) CTAs, each taking (sequence, head, slice) items in grid order (longest
+// sequence first for packed batches) from a counter in the workspace until none is left. Launched
+// as the primary of a programmatic dependent launch, it lets the prep grid start once its own CTAs
+// are resident. kPhiFragments (summaries only; KernelParams::phi_fragments): Phi leaves as mma B
+// fragments. Both are instantiations of their own, so that the default kernels compile to the
+// code they had before them.
+template <int kValueRows, bool kSummary, bool kF16, bool kOverlap, bool kPhiFragments>
+__global__ void __launch_bounds__(kCtaThreads<kValueRows>, 1)
+    kda_prefill_recurrence_wgmma_sm90_kernel(const __grid_constant__ KernelParams p, const __grid_constant__ TmaParams tma) {
+  if constexpr (!kOverlap) {
+    wgmma_item<kValueRows, kSummary, kF16, kOverlap, kPhiFragments>(p, tma, -1, false);
+  } else {
+    kdakit::cuda::ptx::griddep_launch_dependents();
+    using Smem = typename Config<kValueRows>::SharedMemoryPlan;
+    extern __shared__ uint8_t smem_raw[];
+    uint8_t* smem = smem_raw + ((1024u - (ptx::smem_addr(smem_raw) & 1023u)) & 1023u);
+    volatile int* item_slot = reinterpret_cast<volatile int*>(smem + Smem::kFlagsOffset + 8);
+    for (bool reinit = false;; reinit = true) {
+      __syncthreads();  // every thread (the producer warp too) is done with the previous item
+      if (threadIdx.x == 0) *item_slot = atomicAdd(p.work_counter, 1);
+      __syncthreads();
+      const int item = *item_slot;
+      if (item >= p.num_items) return;
+      wgmma_item<kValueRows, kSummary, kF16, kOverlap, kPhiFragments>(p, tma, item, reinit);
+    }
   }
 }
 
