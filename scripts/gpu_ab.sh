@@ -33,6 +33,10 @@ KDAKIT_PREFILL_PATH=chunked timeout 240 "$b/prefill_gpu_test" --gtest_brief=1 --
 result "prefill_gpu_test[chunked]" $? "$logs/prefill_gpu_test_chunked.log"
 # the scheduling probe behind KDAKIT_PREFILL_OVERLAP (docs/design/20261201-prefill-segments.md, session 28)
 [ -x "$b/prefill_overlap_probe" ] && timeout 60 "$b/prefill_overlap_probe" 2>&1 | grep OVERLAP_PROBE | tee -a "$summary"
+# do the tools that serialise kernels announce themselves (dispatch.cu turns the overlap off then)?
+for tool in "compute-sanitizer --tool memcheck" "ncu"; do
+  echo "$tool sets CUDA_INJECTION64_PATH: $(timeout 60 $tool env 2>/dev/null | grep -c '^CUDA_INJECTION64_PATH=')" | tee -a "$summary"
+done
 timeout 150 compute-sanitizer --tool racecheck "$b/prefill_prep_test" >"$logs/racecheck_prep.log" 2>&1
 echo "racecheck prep rc=$? $(grep -E 'RACECHECK SUMMARY' "$logs/racecheck_prep.log")" | tee -a "$summary"
 export PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1

@@ -156,17 +156,23 @@ bool plan_by_prep_on() {
 // set_prefill_overlap overrides it. Off by default: built in session 28 without a GPU, and
 // whether either launch gets the chains resident early is for prefill_overlap_probe to say.
 // NOTE: the chains wait on prep, which is launched after them: anything that runs kernels one at
-// a time deadlocks an overlapped call (CUDA_LAUNCH_BLOCKING=1, which turns it off here, and tools
-// that serialise kernels, e.g. compute-sanitizer and Nsight Compute: leave the variable unset
-// under them). A default-on version needs a way out of that first.
+// a time deadlocks an overlapped call. CUDA_LAUNCH_BLOCKING=1 turns it off here, and so does
+// CUDA_INJECTION64_PATH, through which tools attach to the CUDA driver (compute-sanitizer and
+// Nsight Compute serialise kernels; whether they set that variable is for the next H200 run to
+// confirm, so leave KDAKIT_PREFILL_OVERLAP unset under them). A default-on version needs a way out
+// of serialised launches that does not depend on recognising the tool.
 int overlap_override = -1;  // 0 off, 1 streams, 2 pdl
 bool overlap_forced = false;
-int overlap_scheme() {
-  static const bool launch_blocking = [] {
-    const char* e = std::getenv("CUDA_LAUNCH_BLOCKING");
-    return e != nullptr && std::strcmp(e, "1") == 0;
+bool kernels_may_serialise() {
+  static const bool v = [] {
+    const char* blocking = std::getenv("CUDA_LAUNCH_BLOCKING");
+    const char* tool = std::getenv("CUDA_INJECTION64_PATH");
+    return (blocking != nullptr && std::strcmp(blocking, "1") == 0) || (tool != nullptr && *tool != '\0');
   }();
-  if (launch_blocking) return 0;
+  return v;
+}
+int overlap_scheme() {
+  if (kernels_may_serialise()) return 0;
   if (overlap_override >= 0) return overlap_override;
   static const int env = [] {
     const char* e = std::getenv("KDAKIT_PREFILL_OVERLAP");
