@@ -29,6 +29,8 @@
 #include <cstring>
 #include <vector>
 
+#include "cuda/common/ptx_sm90.cuh"
+
 namespace {
 
 #define CHECK(x)                                                                                    \
@@ -60,14 +62,9 @@ __device__ __forceinline__ unsigned long long now_ns() {
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
   return t;
 }
-__device__ __forceinline__ int load_acquire(const int* p) {
-  int v;
-  asm volatile("ld.acquire.gpu.global.b32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-  return v;
-}
-__device__ __forceinline__ void store_release(int* p, int v) {
-  asm volatile("st.release.gpu.global.b32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
-}
+// the library's flag accessors (src/cuda/common/ptx_sm90.cuh), as the overlapped call uses them
+using kdakit::cuda::ptx::load_acquire_gpu;
+using kdakit::cuda::ptx::store_release_gpu;
 
 __global__ void __launch_bounds__(kProducerThreads) producer(int* flags, int epoch, unsigned long long spin_ns,
                                                              Times* t) {
@@ -81,7 +78,7 @@ __global__ void __launch_bounds__(kProducerThreads) producer(int* flags, int epo
   }
   __syncthreads();
   if (threadIdx.x == 0) {
-    store_release(flags + blockIdx.x, epoch);
+    store_release_gpu(flags + blockIdx.x, epoch);
     atomicMax(&t->producer_last_end, now_ns());
   }
 }
@@ -99,7 +96,7 @@ __global__ void __launch_bounds__(kChainThreads) chain(const int* flags, int pro
   const int group = producer_ctas / kItemsPerChain;
   for (int j = 0; j < kItemsPerChain; ++j) {
     const int* f = flags + (j + 1) * group - 1;
-    while (load_acquire(f) != epoch) {
+    while (load_acquire_gpu(f) != epoch) {
       if (now_ns() - t0 > kTimeoutNs) {
         atomicAdd(&t->timeouts, 1);
         j = kItemsPerChain;

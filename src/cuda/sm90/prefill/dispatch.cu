@@ -148,8 +148,9 @@ bool plan_by_prep_on() {
   }();
   return env;
 }
-// KDAKIT_PREFILL_OVERLAP=streams|pdl: fixed batches whose whole-sequence chains need few CTAs run
-// the recurrence beside the prep grid where the cost model predicts a gain (recurrence/launch.h,
+// KDAKIT_PREFILL_OVERLAP=streams|pdl: batches (not routed ones) whose sequences' whole-sequence
+// chains fit on a few CTAs run the recurrence beside the prep grid where the cost model predicts
+// a gain (recurrence/launch.h,
 // choose_overlap; docs/design/20261201-prefill-segments.md, session 28): `streams` forks the
 // recurrence onto a second stream of the greatest priority and joins it back with events, `pdl`
 // launches it first in the caller's stream with prep as its programmatic dependent.
@@ -394,8 +395,8 @@ bool route_on_device(const PrefillParams& p) {
          lengths_within(p, kTile16MaxLength, kTile16MaxLength) && prefill::fused_unsupported(p) == nullptr;
 }
 
-// Whether this call overlaps (rows > 0: its chains' value rows), from its segment choice: fixed
-// batches and single packed sequences, and not while segments or a path are forced (their tests).
+// Whether this call overlaps (rows > 0: its chains' value rows), from its segment choice: not for
+// routed calls, nor while segments or a path are forced (their tests).
 prefill::OverlapChoice overlap_for(const PrefillParams& p, const prefill::SegmentChoice& seg) {
   const PrefillPath f = forced_path();
   const ForcedSegments fs = forced_segments();
@@ -436,13 +437,40 @@ Status launch_tile16(const PrefillParams& p, const prefill::WorkspacePlan& plan,
 
 void set_prefill_path(PrefillPath path) { path_override = path; }
 
+namespace {
+// The two-kernel path's choices for a call and the workspace they lay out: segments, or whole
+// sequences beside prep (overlap), the block type, the Phi image, the plan's writer, the flags
+// (prefill_workspace_size and run_prefill take the same).
+struct ChunkedCall {
+  prefill::SegmentChoice seg;
+  prefill::OverlapChoice ov;
+  prefill::WorkspacePlan plan;
+};
+ChunkedCall chunked_call(const PrefillParams& p) {
+  ChunkedCall c;
+  c.seg = segment_choice(p);
+  c.ov = overlap_for(p, c.seg);
+  if (c.ov.rows > 0) c.seg.segment_chunks = 0, c.seg.rows = c.ov.rows;  // whole sequences beside prep
+  c.plan = plan_for(p, c.seg.segment_chunks);
+  c.plan.f16_block = f16_block(p, c.seg);
+  c.plan.phi_fragments = combine_kernel() == prefill::CombineKernel::kDirect;
+  c.plan.plan_by_prep = plan_by_prep(p, c.ov);
+  if (c.ov.rows > 0) {
+    prefill::add_ready_flags(c.plan);
+    c.plan.overlap_pdl = overlap_scheme() == 2;
+    c.plan.overlap_ctas = c.ov.ctas;
+  }
+  return c;
+}
+}  // namespace
+
 int32_t prefill_segment_chunks(const PrefillParams& p) { return segment_choice(p).segment_chunks; }
 
 bool prefill_f16_block(const PrefillParams& p) { return f16_block(p, segment_choice(p)); }
 
-int prefill_overlap_rows(const PrefillParams& p) { return overlap_for(p, segment_choice(p)).rows; }
+int prefill_overlap_rows(const PrefillParams& p) { return chunked_call(p).ov.rows; }
 
-bool prefill_plan_by_prep(const PrefillParams& p) { return plan_by_prep(p, overlap_for(p, segment_choice(p))); }
+bool prefill_plan_by_prep(const PrefillParams& p) { return chunked_call(p).plan.plan_by_prep; }
 
 void set_prefill_block(int f16) { block_override = f16 < 0 ? -1 : f16 != 0 ? 1 : 0; }
 
@@ -487,11 +515,7 @@ size_t prefill_workspace_size(const PrefillParams& p) {
     return f == PrefillPath::kFused || f == PrefillPath::kTile16 ? plan.chunk_blocks_offset : plan.total_bytes;
   }
   if (f != PrefillPath::kChunked && (use_tile16(p) || use_fused(p))) return plan_for(p).chunk_blocks_offset;
-  const prefill::SegmentChoice seg = segment_choice(p);
-  const prefill::OverlapChoice ov = overlap_for(p, seg);
-  prefill::WorkspacePlan plan = plan_for(p, ov.rows > 0 ? 0 : seg.segment_chunks);
-  if (ov.rows > 0) prefill::add_ready_flags(plan);
-  return plan.total_bytes;
+  return chunked_call(p).plan.total_bytes;
 }
 
 namespace {
@@ -600,20 +624,11 @@ Status run_prefill(const PrefillParams& p, cudaStream_t stream) {
     if (st.code() != StatusCode::kUnsupported) return st;
   }
 
-  prefill::SegmentChoice seg = segment_choice(p);
-  const prefill::OverlapChoice ov = overlap_for(p, seg);
-  if (ov.rows > 0) seg.segment_chunks = 0, seg.rows = ov.rows;  // whole sequences beside prep
-  prefill::WorkspacePlan plan = plan_for(p, seg.segment_chunks);
-  plan.f16_block = f16_block(p, seg);
-  const prefill::CombineKernel combine = combine_kernel();
-  plan.phi_fragments = combine == prefill::CombineKernel::kDirect;
+  const ChunkedCall call = chunked_call(p);
+  const prefill::SegmentChoice& seg = call.seg;
+  const prefill::OverlapChoice& ov = call.ov;
+  prefill::WorkspacePlan plan = call.plan;
   const bool routed = route_on_device(p);
-  plan.plan_by_prep = plan_by_prep(p, ov);
-  if (ov.rows > 0) {
-    prefill::add_ready_flags(plan);
-    plan.overlap_pdl = overlap_scheme() == 2;
-    plan.overlap_ctas = ov.ctas;
-  }
   if (routed) plan.route_bound = int32_t(kTile16MaxLength);
   if (p.workspace == nullptr || p.workspace_bytes < plan.total_bytes) {
     // the message only on the error path: nothing is built or allocated on a call that runs
@@ -658,7 +673,7 @@ Status run_prefill(const PrefillParams& p, cudaStream_t stream) {
     st = seg.summary_rows == 64 ? prefill::launch_prefill_summaries<64>(p, plan, p.workspace, stream)
                                 : prefill::launch_prefill_summaries<128>(p, plan, p.workspace, stream);
     if (!st.ok()) return st;
-    st = prefill::launch_prefill_combine(p, plan, p.workspace, stream, combine);
+    st = prefill::launch_prefill_combine(p, plan, p.workspace, stream, combine_kernel());
     if (!st.ok()) return st;
   }
   switch (rows) {

@@ -33,6 +33,7 @@
 #include <string>
 
 #include "cuda/common/device_setup.cuh"
+#include "cuda/common/dtype.cuh"
 #include "cuda/sm90/prefill/common/ptx.cuh"
 #include "cuda/sm90/prefill/common/state_io.cuh"
 #include "cuda/sm90/prefill/recurrence/launch.h"
@@ -196,24 +197,17 @@ static_assert(kSplitAllocBytes <= 227 * 1024, "the split kernel's shared memory 
 constexpr size_t kDirectAllocBytes = kExchangeBytes + 128;
 
 // This lane's B fragments of Phi_s for the warp's key tiles, every k-step, hi and lo, from the
-// fragment image (workspace.h, phi_fragment_offset): 16 coalesced 128-bit loads, no L1 allocation
-// (each record is read once per CTA). Plain loads, not the non-coherent path: slot(n, 0)'s Phi
-// area is overwritten with S_0 within the kernel (after the cluster barrier that follows these
-// loads' use).
+// fragment image (workspace.h, phi_fragment_offset): 16 coalesced 128-bit streaming loads (each
+// record is read once per CTA; common/dtype.cuh, detail::ld_cs). Coherent loads, not the non-coherent
+// path: slot(n, 0)'s Phi area is overwritten with S_0 within the kernel (after the cluster barrier
+// that follows these loads' use).
 __device__ __forceinline__ void load_phi_fragments(uint4 (&f)[kWarps][2], const uint8_t* area, int warp, int lane) {
-  const uint8_t* hi = area + SegmentLayout::kPhiHiOffset + (size_t(warp) * kWarps * 32 + lane) * 16;
-  const uint8_t* lo = area + SegmentLayout::kPhiLoOffset + (size_t(warp) * kWarps * 32 + lane) * 16;
+  const uint4* hi = reinterpret_cast<const uint4*>(area + SegmentLayout::kPhiHiOffset) + size_t(warp) * kWarps * 32 + lane;
+  const uint4* lo = reinterpret_cast<const uint4*>(area + SegmentLayout::kPhiLoOffset) + size_t(warp) * kWarps * 32 + lane;
   #pragma unroll
   for (int ks = 0; ks < kWarps; ++ks) {
-    #pragma unroll
-    for (int part = 0; part < 2; ++part) {
-      const uint8_t* src = (part == 0 ? hi : lo) + ks * 32 * 16;
-      uint4 v;
-      asm volatile("ld.global.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
-                   : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                   : "l"(src));
-      f[ks][part] = v;
-    }
+    f[ks][0] = kdakit::cuda::detail::ld_cs(hi + ks * 32);
+    f[ks][1] = kdakit::cuda::detail::ld_cs(lo + ks * 32);
   }
 }
 
