@@ -16,6 +16,7 @@
 
 #include "api/metadata_checks.h"
 #include "cuda/sm90/prefill/dispatch.h"
+#include "cuda/sm90/prefill/recurrence/launch.h"
 #include "cuda/sm90/prefill/workspace.h"
 #include "kdakit/kdakit.h"
 
@@ -141,6 +142,57 @@ TEST(PlanLayout, PhiFragmentImageIsTheMmaBFragments) {
 }
 
 #if KDAKIT_WITH_CUDA
+// Session 28's opt-in switches (dispatch.h; docs/contract.md, "Plan kernel", "Overlapped calls"),
+// host only: which calls they take, the workspace an overlapped call needs (its whole-sequence
+// plan plus one flag per chunk and value head and a work counter), and the combine launcher
+// refusing a plan whose Phi image is not its kernel's. Nothing launches.
+TEST(PlanWorkspaceSize, OptInSwitchesAndTheirWorkspace) {
+  namespace pf = sm90::prefill;
+  PrefillParams p = batch_fields(8192, 1, 16, nullptr);  // H16, one fixed row of 8K tokens
+  p.num_qk_heads = 16;
+  p.head_dim_k = p.head_dim_v = 128;
+  sm90::set_prefill_path(sm90::PrefillPath::kChunked);
+  EXPECT_EQ(sm90::prefill_overlap_rows(p), 0) << "off by default";
+  const size_t sequential = prefill_workspace_size(p);
+  sm90::set_prefill_overlap(1);
+  EXPECT_EQ(sm90::prefill_overlap_rows(p), 64) << "the cost model's pick for H16 T = 8K";
+  pf::WorkspacePlan overlapped = pf::make_workspace_plan(1, 8192, 1, false, 16);
+  pf::add_ready_flags(overlapped);
+  EXPECT_EQ(overlapped.total_bytes,
+            pf::align_up(pf::make_workspace_plan(1, 8192, 1, false, 16).total_bytes, 128) + (128 * 16 + 1) * 4);
+  EXPECT_EQ(prefill_workspace_size(p), overlapped.total_bytes);
+  EXPECT_GE(prefill_workspace_size(batch_fields(8192, 1, 16, nullptr)), overlapped.total_bytes)
+      << "the batch-only size covers an overlapped call";
+  PrefillParams h96 = batch_fields(8192, 1, 96, nullptr);
+  h96.num_qk_heads = 96;
+  h96.head_dim_k = h96.head_dim_v = 128;
+  sm90::set_prefill_overlap(1, /*force=*/true);
+  EXPECT_EQ(sm90::prefill_overlap_rows(h96), 0) << "96 heads' chains do not fit on 32 CTAs, forced or not";
+  sm90::set_prefill_overlap(-1);
+  EXPECT_EQ(prefill_workspace_size(p), sequential);
+
+  EXPECT_FALSE(sm90::prefill_plan_by_prep(p)) << "off by default";
+  sm90::set_prefill_plan_by_prep(1);
+  EXPECT_TRUE(sm90::prefill_plan_by_prep(p));
+  PrefillParams empty_rows = p;
+  empty_rows.seqlen = 0;
+  EXPECT_FALSE(sm90::prefill_plan_by_prep(empty_rows)) << "T = 0: no prep CTA writes the plan";
+  const int64_t cu[3] = {0, 4000, 8192};
+  PrefillParams two = batch_fields(8192, 2, 16, cu);
+  two.num_qk_heads = 16;
+  two.head_dim_k = two.head_dim_v = 128;
+  EXPECT_FALSE(sm90::prefill_plan_by_prep(two)) << "two packed sequences need the plan kernel";
+  sm90::set_prefill_plan_by_prep(-1);
+  sm90::set_prefill_path(sm90::PrefillPath::kAuto);
+
+  pf::WorkspacePlan segmented = pf::make_workspace_plan(1, 32768, 1, false, 4, 32);
+  const Status direct_on_image = pf::launch_prefill_combine(p, segmented, nullptr, nullptr, pf::CombineKernel::kDirect);
+  EXPECT_EQ(direct_on_image.code(), StatusCode::kInternal) << describe(direct_on_image);
+  segmented.phi_fragments = true;
+  const Status split_on_fragments = pf::launch_prefill_combine(p, segmented, nullptr, nullptr, pf::CombineKernel::kSplit);
+  EXPECT_EQ(split_on_fragments.code(), StatusCode::kInternal) << describe(split_on_fragments);
+}
+
 // The segment switch of the two-kernel path (dispatch.h; docs/contract.md, "Segments"): off by
 // default, the cost model on request, forced lengths, and a workspace that grows by the segment
 // area exactly when segments are taken. Host only: nothing launches.
