@@ -13,6 +13,9 @@
 //             producer (the producer on the caller's stream)
 //   priority  the same with the second stream at the device's greatest priority (and, for the
 //             graph, instantiated with cudaGraphInstantiateFlagUseNodePriority)
+//   prio-after the priority scheme with the producer enqueued first and the chain second: the
+//             order a serialised launch (CUDA_LAUNCH_BLOCKING=1, a tool) runs without deadlock;
+//             the question is whether the chain's CTAs still become resident early
 //   pdl       one stream: the chain first, triggering griddepcontrol.launch_dependents at its
 //             start, the producer launched with programmatic stream serialization, then a tail
 //             kernel that records how many chain CTAs had finished when it started (does work
@@ -164,7 +167,8 @@ struct Probe {
     launch(chain, chain_ctas, kChainThreads, kChainSmem, s, high_priority ? &attr : nullptr,
            static_cast<const int*>(flags), producer_ctas, epoch, pdl, times);
   }
-  // Enqueues one run of `scheme` on main_stream (0 producer alone, 1 streams, 2 priority, 3 pdl).
+  // Enqueues one run of `scheme` on main_stream (0 producer alone, 1 streams, 2 priority, 3 pdl,
+  // 4 priority with the producer enqueued first).
   void enqueue(int scheme) {
     ++epoch;
     reset();
@@ -177,6 +181,13 @@ struct Probe {
       launch_chain(s, false, scheme == 2);
       launch_producer(main_stream, false);
       CHECK(cudaEventRecord(join, s));
+      CHECK(cudaStreamWaitEvent(main_stream, join, 0));
+    } else if (scheme == 4) {
+      CHECK(cudaEventRecord(fork, main_stream));
+      CHECK(cudaStreamWaitEvent(side_hi, fork, 0));
+      launch_producer(main_stream, false);
+      launch_chain(side_hi, false, true);
+      CHECK(cudaEventRecord(join, side_hi));
       CHECK(cudaStreamWaitEvent(main_stream, join, 0));
     } else {
       launch_chain(main_stream, true, false);
@@ -233,10 +244,10 @@ int main(int argc, char** argv) {
   std::printf("OVERLAP_PROBE %d SMs, %d chain CTAs (%d B smem), %d producer CTAs (%d B smem, %.0f us each)\n", sms,
               p.chain_ctas, kChainSmem, p.producer_ctas, kProducerSmem, double(p.spin_ns) / 1e3);
 
-  const char* names[] = {"producer alone", "streams", "priority", "pdl"};
+  const char* names[] = {"producer alone", "streams", "priority", "pdl", "prio-after"};
   double alone_us = 0;
   for (int graph = 0; graph < 2; ++graph) {
-    for (int scheme = 0; scheme < 4; ++scheme) {
+    for (int scheme = 0; scheme < 5; ++scheme) {
       for (int rep = 0; rep < 2; ++rep) {
         if (graph == 0) {
           p.enqueue(scheme);
@@ -247,7 +258,7 @@ int main(int argc, char** argv) {
           CHECK(cudaStreamBeginCapture(p.main_stream, cudaStreamCaptureModeThreadLocal));
           p.enqueue(scheme);
           CHECK(cudaStreamEndCapture(p.main_stream, &g));
-          CHECK(cudaGraphInstantiateWithFlags(&ge, g, scheme == 2 ? cudaGraphInstantiateFlagUseNodePriority : 0));
+          CHECK(cudaGraphInstantiateWithFlags(&ge, g, scheme == 2 || scheme == 4 ? cudaGraphInstantiateFlagUseNodePriority : 0));
           CHECK(cudaGraphLaunch(ge, p.main_stream));
           CHECK(cudaStreamSynchronize(p.main_stream));
           CHECK(cudaGraphExecDestroy(ge));
