@@ -153,7 +153,10 @@ bool plan_by_prep_on() {
 // a gain (recurrence/launch.h,
 // choose_overlap; docs/design/20261201-prefill-segments.md, session 28): `streams` forks the
 // recurrence onto a second stream of the greatest priority and joins it back with events, `pdl`
-// launches it first in the caller's stream with prep as its programmatic dependent.
+// launches it first in the caller's stream with prep as its programmatic dependent, `after` is
+// `streams` with prep enqueued first and the recurrence second (the order a serialised launch
+// runs without waiting forever; whether the priority still gets the chains resident early is the
+// probe's `prio-after` row).
 // set_prefill_overlap overrides it. Off by default: built in session 28 without a GPU, and
 // whether either launch gets the chains resident early is for prefill_overlap_probe to say.
 // NOTE: the chains wait on prep, which is launched after them: anything that runs kernels one at
@@ -162,7 +165,7 @@ bool plan_by_prep_on() {
 // Nsight Compute serialise kernels; whether they set that variable is for the next H200 run to
 // confirm, so leave KDAKIT_PREFILL_OVERLAP unset under them). A default-on version needs a way out
 // of serialised launches that does not depend on recognising the tool.
-int overlap_override = -1;  // 0 off, 1 streams, 2 pdl
+int overlap_override = -1;  // 0 off, 1 streams, 2 pdl, 3 after (streams, prep enqueued first)
 bool overlap_forced = false;
 bool kernels_may_serialise() {
   static const bool v = [] {
@@ -180,6 +183,7 @@ int overlap_scheme() {
     if (e == nullptr) return 0;
     if (std::strcmp(e, "streams") == 0) return 1;
     if (std::strcmp(e, "pdl") == 0) return 2;
+    if (std::strcmp(e, "after") == 0) return 3;
     return 0;
   }();
   return env;
@@ -475,7 +479,7 @@ bool prefill_plan_by_prep(const PrefillParams& p) { return chunked_call(p).plan.
 void set_prefill_block(int f16) { block_override = f16 < 0 ? -1 : f16 != 0 ? 1 : 0; }
 
 void set_prefill_overlap(int scheme, bool force) {
-  overlap_override = scheme < 0 || scheme > 2 ? -1 : scheme;
+  overlap_override = scheme < 0 || scheme > 3 ? -1 : scheme;
   overlap_forced = overlap_override > 0 && force;
 }
 
@@ -530,7 +534,7 @@ Status run_overlapped(const PrefillParams& p, const prefill::WorkspacePlan& plan
   if (std::getenv("KDAKIT_PRINT_CONFIGS") != nullptr)
     std::fprintf(stderr, "kdakit prefill: N=%lld T=%lld HV=%d overlapped (%s): %d CTAs of %d-row chains beside prep "
                  "(model %.0f us, sequential %.0f us)\n", (long long)p.num_seqs, (long long)p.seqlen, p.num_v_heads,
-                 plan.overlap_pdl ? "pdl" : "streams", ov.ctas, rows, ov.predicted_us, ov.sequential_us);
+                 plan.overlap_pdl ? "pdl" : overlap_scheme() == 3 ? "after" : "streams", ov.ctas, rows, ov.predicted_us, ov.sequential_us);
   cudaError_t err = cudaMemsetAsync(static_cast<uint8_t*>(p.workspace) + plan.ready_offset, 0,
                                     plan.total_bytes - plan.ready_offset, stream);
   if (err != cudaSuccess)
@@ -548,8 +552,14 @@ Status run_overlapped(const PrefillParams& p, const prefill::WorkspacePlan& plan
   if (err == cudaSuccess) err = cudaStreamWaitEvent(side->stream, side->fork, 0);
   if (err != cudaSuccess)
     return Status(StatusCode::kCudaError, std::string("prefill overlap: fork: ") + cudaGetErrorString(err));
-  st = recurrence(side->stream);
-  const Status st_prep = st.ok() ? prefill::launch_prefill_prep(p, plan, p.workspace, stream) : Status::Ok();
+  Status st_prep = Status::Ok();
+  if (overlap_scheme() == 3) {
+    st_prep = prefill::launch_prefill_prep(p, plan, p.workspace, stream);
+    st = st_prep.ok() ? recurrence(side->stream) : Status::Ok();
+  } else {
+    st = recurrence(side->stream);
+    st_prep = st.ok() ? prefill::launch_prefill_prep(p, plan, p.workspace, stream) : Status::Ok();
+  }
   // joined back whatever happened, so that a capture stays whole
   err = cudaEventRecord(side->join, side->stream);
   if (err == cudaSuccess) err = cudaStreamWaitEvent(stream, side->join, 0);

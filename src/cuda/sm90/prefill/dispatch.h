@@ -36,8 +36,9 @@ void set_prefill_plan_by_prep(int on);
 // device memory.
 bool prefill_plan_by_prep(const PrefillParams& p);
 // Overlapped calls (the recurrence beside the prep grid, fixed batches whose chains need few CTAs;
-// dispatch.cu): 1 on two streams, 2 with programmatic dependent launch, 0 off (the default),
-// negatives remove the override (KDAKIT_PREFILL_OVERLAP=streams|pdl, read once, or the default).
+// dispatch.cu): 1 on two streams, 2 with programmatic dependent launch, 3 on two streams with prep
+// enqueued first, 0 off (the default), negatives remove the override
+// (KDAKIT_PREFILL_OVERLAP=streams|pdl|after, read once, or the default).
 // force: whenever the chains fit, whatever the cost model says (tests). Results are bit for bit
 // those of the same whole-sequence recurrence run after prep.
 void set_prefill_overlap(int scheme, bool force = false);

@@ -397,9 +397,9 @@ TEST(PrefillOverlapGpu, BitwiseTheSequentialCall) {
     const Status st_seq = run_prefill_on_gpu(c, sequential, 0xff);
     sm90::set_prefill_segments(sm90::kSegmentsModel);
     ASSERT_TRUE(st_seq.ok()) << st_seq.message();
-    for (int scheme = 1; scheme <= 2; ++scheme) {
+    for (int scheme = 1; scheme <= 3; ++scheme) {
       for (int graph = 0; graph < 2; ++graph) {
-        SCOPED_TRACE(std::string(scheme == 1 ? "streams" : "pdl") + (graph ? ", graph" : ", eager"));
+        SCOPED_TRACE(std::string(scheme == 1 ? "streams" : scheme == 2 ? "pdl" : "after") + (graph ? ", graph" : ", eager"));
         PrefillTensors t = inputs;
         sm90::set_prefill_overlap(scheme, true);
         EXPECT_EQ(sm90::prefill_overlap_rows(sizes), rows);
