@@ -449,6 +449,7 @@ struct ChunkedCall {
   prefill::SegmentChoice seg;
   prefill::OverlapChoice ov;
   prefill::WorkspacePlan plan;
+  int overlap_scheme = 0;  // overlap_scheme()'s value, read once per call: 0 when the call does not overlap
 };
 ChunkedCall chunked_call(const PrefillParams& p) {
   ChunkedCall c;
@@ -461,7 +462,8 @@ ChunkedCall chunked_call(const PrefillParams& p) {
   c.plan.plan_by_prep = plan_by_prep(p, c.ov);
   if (c.ov.rows > 0) {
     prefill::add_ready_flags(c.plan);
-    c.plan.overlap_pdl = overlap_scheme() == 2;
+    c.overlap_scheme = overlap_scheme();
+    c.plan.overlap_pdl = c.overlap_scheme == 2;
     c.plan.overlap_ctas = c.ov.ctas;
   }
   return c;
@@ -526,7 +528,7 @@ namespace {
 // An overlapped call after its plan: the ready flags zeroed, then the recurrence (whole sequences,
 // `rows` value rows) and prep side by side (dispatch.cu's NOTE at overlap_scheme).
 Status run_overlapped(const PrefillParams& p, const prefill::WorkspacePlan& plan, int rows,
-                      const prefill::OverlapChoice& ov, cudaStream_t stream) {
+                      const prefill::OverlapChoice& ov, int scheme, cudaStream_t stream) {
   auto recurrence = [&](cudaStream_t s) {
     return rows == 64 ? prefill::launch_prefill_recurrence<64>(p, plan, p.workspace, s)
                       : prefill::launch_prefill_recurrence<128>(p, plan, p.workspace, s);
@@ -534,7 +536,7 @@ Status run_overlapped(const PrefillParams& p, const prefill::WorkspacePlan& plan
   if (std::getenv("KDAKIT_PRINT_CONFIGS") != nullptr)
     std::fprintf(stderr, "kdakit prefill: N=%lld T=%lld HV=%d overlapped (%s): %d CTAs of %d-row chains beside prep "
                  "(model %.0f us, sequential %.0f us)\n", (long long)p.num_seqs, (long long)p.seqlen, p.num_v_heads,
-                 plan.overlap_pdl ? "pdl" : overlap_scheme() == 3 ? "after" : "streams", ov.ctas, rows, ov.predicted_us, ov.sequential_us);
+                 scheme == 2 ? "pdl" : scheme == 3 ? "after" : "streams", ov.ctas, rows, ov.predicted_us, ov.sequential_us);
   cudaError_t err = cudaMemsetAsync(static_cast<uint8_t*>(p.workspace) + plan.ready_offset, 0,
                                     plan.total_bytes - plan.ready_offset, stream);
   if (err != cudaSuccess)
@@ -553,7 +555,7 @@ Status run_overlapped(const PrefillParams& p, const prefill::WorkspacePlan& plan
   if (err != cudaSuccess)
     return Status(StatusCode::kCudaError, std::string("prefill overlap: fork: ") + cudaGetErrorString(err));
   Status st_prep = Status::Ok();
-  if (overlap_scheme() == 3) {
+  if (scheme == 3) {
     st_prep = prefill::launch_prefill_prep(p, plan, p.workspace, stream);
     st = st_prep.ok() ? recurrence(side->stream) : Status::Ok();
   } else {
@@ -668,7 +670,7 @@ Status run_prefill(const PrefillParams& p, cudaStream_t stream) {
     st = launch_tile16(p, plan, stream);
     if (!st.ok()) return st;
   }
-  if (plan.overlap) return run_overlapped(p, plan, seg.rows, ov, stream);
+  if (plan.overlap) return run_overlapped(p, plan, seg.rows, ov, call.overlap_scheme, stream);
   st = prefill::launch_prefill_prep(p, plan, p.workspace, stream);
   if (!st.ok()) return st;
 
