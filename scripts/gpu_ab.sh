@@ -7,7 +7,11 @@
 # profile of both builds' prep kernel (below). KDAKIT_AB_ENVS="label:VAR=value,VAR=value ..."
 # also times this build under each set of variables (the opt-in variants: e.g.
 # "direct:KDAKIT_PREFILL_COMBINE=direct planbyprep:KDAKIT_PREFILL_PLAN=prep"), in the same
-# rounds; the table then has a column per label after main's and this build's.
+# rounds; the table then has a column per label after main's and this build's. Without a staged
+# main build (.carry/main.tar.xz) the rounds time this build and its variants only.
+# KDAKIT_AB_PEERS=1 times the peers (FLA, FlashKDA, each when importable) beside this build's
+# default on the same cases once, between the first and the second round, so that one call gives
+# every variant's ratio against them (bench_peers.json).
 # Logs go to $OUT/logs.tar.gz, the table to $OUT/summary.txt.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -16,7 +20,11 @@ logs="$out/logs"
 mkdir -p "$logs"
 rounds="${1:-2}"
 cases="${2:-H96-fixed,H96-mixed,H96-4096,H64-mixed,H32-fixed,H32-1024x8}"
-for v in gpu main; do [ -d ".carry/$v" ] || tar -xJf ".carry/$v.tar.xz" -C .carry; done
+builds=""
+for v in main gpu; do
+  [ -d ".carry/$v" ] || [ ! -f ".carry/$v.tar.xz" ] || tar -xJf ".carry/$v.tar.xz" -C .carry
+  [ -d ".carry/$v" ] && builds+="$v "
+done
 b=.carry/gpu/bin
 summary="$out/summary.txt"
 nvidia-smi --query-gpu=name,clocks.sm --format=csv,noheader | tee -a "$summary"
@@ -32,17 +40,24 @@ KDAKIT_PREFILL_PATH=chunked timeout 240 "$b/prefill_gpu_test" --gtest_brief=1 --
   >"$logs/prefill_gpu_test_chunked.log" 2>&1
 result "prefill_gpu_test[chunked]" $? "$logs/prefill_gpu_test_chunked.log"
 # the scheduling probe behind KDAKIT_PREFILL_OVERLAP (docs/design/20261201-prefill-segments.md, session 28)
-[ -x "$b/prefill_overlap_probe" ] && timeout 60 "$b/prefill_overlap_probe" 2>&1 | grep OVERLAP_PROBE | tee -a "$summary"
+# (again with kernels run one at a time: every scheme must finish or time out, never hang)
+if [ -x "$b/prefill_overlap_probe" ]; then
+  timeout 60 "$b/prefill_overlap_probe" 2>&1 | grep OVERLAP_PROBE | tee -a "$summary"
+  CUDA_LAUNCH_BLOCKING=1 timeout 60 "$b/prefill_overlap_probe" 2>&1 | grep OVERLAP_PROBE | sed 's/^/blocking /' | tee -a "$summary"
+fi
 # do the tools that serialise kernels announce themselves (dispatch.cu turns the overlap off then)?
 for tool in "compute-sanitizer --tool memcheck" "ncu"; do
   echo "$tool sets CUDA_INJECTION64_PATH: $(timeout 60 $tool env 2>/dev/null | grep -c '^CUDA_INJECTION64_PATH=')" | tee -a "$summary"
 done
-timeout 150 compute-sanitizer --tool racecheck "$b/prefill_prep_test" >"$logs/racecheck_prep.log" 2>&1
-echo "racecheck prep rc=$? $(grep -E 'RACECHECK SUMMARY' "$logs/racecheck_prep.log")" | tee -a "$summary"
+# KDAKIT_AB_RACECHECK=0 leaves out the prep kernel's racecheck (up to 150 s) when prep is unchanged
+if [ "${KDAKIT_AB_RACECHECK:-1}" = 1 ]; then
+  timeout 150 compute-sanitizer --tool racecheck "$b/prefill_prep_test" >"$logs/racecheck_prep.log" 2>&1
+  echo "racecheck prep rc=$? $(grep -E 'RACECHECK SUMMARY' "$logs/racecheck_prep.log")" | tee -a "$summary"
+fi
 export PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
 envs="${KDAKIT_AB_ENVS:-}"
 for r in $(seq 1 "$rounds"); do
-  for v in main gpu; do
+  for v in $builds; do
     timeout 100 ".carry/$v/bin/prefill_prep_timing" 10 2>&1 | grep PREP_TIMING | sed "s/^/$v r$r /" | tee -a "$summary"
     PYTHONPATH="$PWD/.carry/$v/python" timeout 200 python3 -m kdakit.bench.prefill --peers none --cases "$cases" \
       --repeats 10 --json "$out/bench_${v}_$r.json" >"$logs/bench_${v}_$r.log" 2>&1
@@ -55,11 +70,17 @@ for r in $(seq 1 "$rounds"); do
       --peers none --cases "$cases" --repeats 10 --json "$out/bench_${label}_$r.json" >"$logs/bench_${label}_$r.log" 2>&1
     echo "bench $label (${e#*:}) r$r rc=$?" | tee -a "$summary"
   done
+  if [ "$r" = 1 ] && [ "${KDAKIT_AB_PEERS:-0}" = 1 ]; then
+    PYTHONPATH="$PWD/.carry/gpu/python:${PYTHONPATH:-}" FLA_FLASH_KDA=0 timeout 420 python3 -m kdakit.bench.prefill \
+      --cases "$cases" --repeats 10 --json "$out/bench_peers.json" --png "$out/bench_peers.png" \
+      >"$logs/bench_peers.log" 2>&1
+    echo "bench peers rc=$?" | tee -a "$summary"
+  fi
 done
 # KDAKIT_AB_NCU=1: Nsight Compute's per-instruction counters of the prep kernel (H96 fixed, one
 # launch) for both builds, as source CSVs in the logs tarball, for tools/sass_lines.py here.
 if [ "${KDAKIT_AB_NCU:-0}" = 1 ]; then
-  for v in main gpu; do
+  for v in $builds; do
     timeout 150 ncu -k regex:kda_prefill_prep --launch-skip 1 --launch-count 1 --set full --import-source yes \
       -o "$logs/ncu_$v" ".carry/$v/bin/prefill_prep_timing" 1 H96_fixed >"$logs/ncu_$v.log" 2>&1
     echo "ncu $v rc=$?" | tee -a "$summary"

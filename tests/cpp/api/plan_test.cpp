@@ -171,7 +171,9 @@ TEST(PlanWorkspaceSize, OptInSwitchesAndTheirWorkspace) {
   sm90::set_prefill_overlap(-1);
   EXPECT_EQ(prefill_workspace_size(p), sequential);
 
-  EXPECT_FALSE(sm90::prefill_plan_by_prep(p)) << "off by default";
+  EXPECT_TRUE(sm90::prefill_plan_by_prep(p)) << "on by default for a fixed batch";
+  sm90::set_prefill_plan_by_prep(0);
+  EXPECT_FALSE(sm90::prefill_plan_by_prep(p)) << "the plan kernel on request";
   sm90::set_prefill_plan_by_prep(1);
   EXPECT_TRUE(sm90::prefill_plan_by_prep(p));
   PrefillParams empty_rows = p;

@@ -134,17 +134,20 @@ prefill::CombineKernel combine_kernel() {
     default: return env;
   }
 }
-// KDAKIT_PREFILL_PLAN=prep: on the two-kernel path the prep kernel writes the plan entries of a
-// fixed batch (arithmetic) or of one packed sequence (from cu_seqlens[0], [1]) and no plan kernel
-// runs (WorkspacePlan::plan_by_prep; ~2.7 us of a graph's kernel time, session 27's --kernels,
-// one launch fewer); set_prefill_plan_by_prep overrides it. Off by default until an H200 run has
-// checked and timed it (built in session 28 without a GPU).
+// On the two-kernel path the prep kernel writes the plan entries of a fixed batch (arithmetic) or
+// of one packed sequence (from cu_seqlens[0], [1]) and no plan kernel runs
+// (WorkspacePlan::plan_by_prep; one launch and ~2.7 us of a graph's kernel time fewer, session 27's
+// --kernels). The default since session 30: measured on the card (H100, 2026-12-06, one process,
+// CUDA-graph medians) 0.2-2.3% faster on every row it applies to (H4 T = 8K 0.1312 -> 0.1282 ms,
+// H4 T = 32K 0.3402 -> 0.3383, H16 T = 8K 0.3276 -> 0.3252, H96 fixed 1.3696 -> 1.3632), bit for
+// bit the plan kernel's results (PrefillPlanByPrepGpu). KDAKIT_PREFILL_PLAN=kernel (read once) runs
+// the plan kernel anyway; set_prefill_plan_by_prep overrides both.
 int plan_by_prep_override = -1;
 bool plan_by_prep_on() {
   if (plan_by_prep_override >= 0) return plan_by_prep_override != 0;
   static const bool env = [] {
     const char* e = std::getenv("KDAKIT_PREFILL_PLAN");
-    return e != nullptr && std::strcmp(e, "prep") == 0;
+    return e == nullptr || std::strcmp(e, "kernel") != 0;
   }();
   return env;
 }

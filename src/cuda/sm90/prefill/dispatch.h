@@ -28,8 +28,8 @@ void set_prefill_segments(int32_t segment_chunks, int rows = 0);
 // process.
 void set_prefill_combine(int kernel);
 // Fixed batches and single packed sequences on the two-kernel path without the plan kernel (the
-// prep kernel writes their plan entries): 1 on, 0 off (the default), negatives remove the override
-// (KDAKIT_PREFILL_PLAN=prep, read once, or the default). Results are bit for bit the same either
+// prep kernel writes their plan entries): 1 on (the default), 0 off, negatives remove the override
+// (KDAKIT_PREFILL_PLAN=kernel, read once, turns it off). Results are bit for bit the same either
 // way.
 void set_prefill_plan_by_prep(int on);
 // Whether the prep kernel writes this two-kernel call's plan now (after the overrides); reads no
