@@ -39,16 +39,6 @@ done
 KDAKIT_PREFILL_PATH=chunked timeout 240 "$b/prefill_gpu_test" --gtest_brief=1 --gtest_filter='-*PrefillSegmentsGpu*' \
   >"$logs/prefill_gpu_test_chunked.log" 2>&1
 result "prefill_gpu_test[chunked]" $? "$logs/prefill_gpu_test_chunked.log"
-# the scheduling probe behind KDAKIT_PREFILL_OVERLAP (docs/design/20261201-prefill-segments.md, session 28)
-# (again with kernels run one at a time: every scheme must finish or time out, never hang)
-if [ -x "$b/prefill_overlap_probe" ]; then
-  timeout 60 "$b/prefill_overlap_probe" 2>&1 | grep OVERLAP_PROBE | tee -a "$summary"
-  CUDA_LAUNCH_BLOCKING=1 timeout 60 "$b/prefill_overlap_probe" 2>&1 | grep OVERLAP_PROBE | sed 's/^/blocking /' | tee -a "$summary"
-fi
-# do the tools that serialise kernels announce themselves (dispatch.cu turns the overlap off then)?
-for tool in "compute-sanitizer --tool memcheck" "ncu"; do
-  echo "$tool sets CUDA_INJECTION64_PATH: $(timeout 60 $tool env 2>/dev/null | grep -c '^CUDA_INJECTION64_PATH=')" | tee -a "$summary"
-done
 # KDAKIT_AB_RACECHECK=0 leaves out the prep kernel's racecheck (up to 150 s) when prep is unchanged
 if [ "${KDAKIT_AB_RACECHECK:-1}" = 1 ]; then
   timeout 150 compute-sanitizer --tool racecheck "$b/prefill_prep_test" >"$logs/racecheck_prep.log" 2>&1

@@ -24,7 +24,7 @@ fi
 stage=".carry/$name"
 rm -rf "$stage" && mkdir -p "$stage/bin" "$stage/python"
 wanted() { [ -z "$targets" ] || case " $targets " in *" $1 "*) return 0 ;; *) return 1 ;; esac; }
-find "$build/tests" -type f -executable \( -name '*test*' -o -name prefill_prep_timing -o -name prefill_overlap_probe \) -print |
+find "$build/tests" -type f -executable \( -name '*test*' -o -name prefill_prep_timing \) -print |
   while read -r f; do if wanted "$(basename "$f")"; then cp "$f" "$stage/bin/"; fi; done
 # the example program (examples/serving_step.cpp) runs like a test: exit 0 is a pass
 if [ -x "$build/examples/serving_step" ] && wanted serving_step; then cp "$build/examples/serving_step" "$stage/bin/"; fi

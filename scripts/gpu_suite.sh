@@ -102,16 +102,6 @@ if [ "$run_tests" = 1 ]; then
     echo "gtest $t[segments 2, direct combine, fixed plan by prep] rc=$? $(grep -E '^\[  (PASSED|FAILED|SKIPPED) ' "$log" | tr -s ' ' | tr '\n' ' ')" | tee -a "$summary"
     grep -E '^\[  FAILED  \].*\(' "$log" | head -3
   done
-  # Overlapped calls (KDAKIT_PREFILL_OVERLAP; PrefillOverlapGpu in the default pass forces them on
-  # its own cases): every case with the cost model deciding, on each launch scheme. Never under a
-  # sanitizer: it runs kernels one at a time, and the chains wait on the prep grid behind them.
-  for scheme in streams pdl after; do
-    log="$out/logs/prefill_gpu_test_overlap_$scheme.log"
-    KDAKIT_PREFILL_OVERLAP=$scheme timeout 300 "$stage/bin/prefill_gpu_test" --gtest_brief=1 >"$log" 2>&1
-    echo "gtest prefill_gpu_test[overlap $scheme] rc=$? $(grep -E '^\[  (PASSED|FAILED|SKIPPED) ' "$log" | tr -s ' ' | tr '\n' ' ')" | tee -a "$summary"
-    grep -E '^\[  FAILED  \].*\(' "$log" | head -3
-  done
-  timeout 60 "$stage/bin/prefill_overlap_probe" 2>&1 | grep OVERLAP_PROBE | tee -a "$summary"
   for tool in memcheck racecheck; do
     KDAKIT_PREFILL_PATH=chunked KDAKIT_PREFILL_SEGMENTS=2 KDAKIT_PREFILL_COMBINE=direct KDAKIT_PREFILL_PLAN=prep \
       timeout 180 compute-sanitizer --tool $tool "$stage/bin/prefill_gpu_test" \

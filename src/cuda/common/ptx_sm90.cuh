@@ -14,8 +14,6 @@
 //                                             memory the previous grid may still write
 //   bulk_prefetch_l2(src, bytes)              cp.async.bulk.prefetch.L2: bring `bytes` (% 16 == 0,
 //                                             16-byte aligned) into L2; a hint, no data returned
-//   store_release_gpu, load_acquire_gpu,      ready flags between grids that run at the same
-//   publish_fence, consume_fence              time, the consumer reading by TMA (below)
 //
 // PTX ISA:
 // https://docs.nvidia.com/cuda/parallel-thread-execution/#parallel-synchronization-and-communication-instructions-griddepcontrol
@@ -49,24 +47,5 @@ __device__ __forceinline__ int32_t load_relaxed_gpu(const int32_t* p) {
 __device__ __forceinline__ void bulk_prefetch_l2(const void* src, uint32_t bytes) {
   asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(src), "r"(bytes) : "memory");
 }
-
-// ---- ready flags between concurrently running grids -----------------------------------------
-// A producer grid publishes data that a consumer grid running at the same time reads by TMA (the
-// async proxy): the producer's threads order their generic-proxy writes for the async proxy and
-// at GPU scope (publish_fence), the CTA synchronises, one thread stores the flag with release
-// semantics (store_release_gpu); the consumer's issuing thread loads it with acquire semantics
-// (load_acquire_gpu) and orders the async proxy after it (consume_fence) before its TMA loads.
-__device__ __forceinline__ void store_release_gpu(int32_t* p, int32_t v) {
-  asm volatile("st.release.gpu.global.b32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
-}
-__device__ __forceinline__ int32_t load_acquire_gpu(const int32_t* p) {
-  int32_t v;
-  asm volatile("ld.acquire.gpu.global.b32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-  return v;
-}
-__device__ __forceinline__ void publish_fence() {
-  asm volatile("fence.proxy.async.global;\n\tfence.acq_rel.gpu;" ::: "memory");
-}
-__device__ __forceinline__ void consume_fence() { asm volatile("fence.proxy.async.global;" ::: "memory"); }
 
 }  // namespace kdakit::cuda::ptx

@@ -142,35 +142,15 @@ TEST(PlanLayout, PhiFragmentImageIsTheMmaBFragments) {
 }
 
 #if KDAKIT_WITH_CUDA
-// Session 28's opt-in switches (dispatch.h; docs/contract.md, "Plan kernel", "Overlapped calls"),
-// host only: which calls they take, the workspace an overlapped call needs (its whole-sequence
-// plan plus one flag per chunk and value head and a work counter), and the combine launcher
-// refusing a plan whose Phi image is not its kernel's. Nothing launches.
-TEST(PlanWorkspaceSize, OptInSwitchesAndTheirWorkspace) {
+// Session 28's switches (dispatch.h; docs/contract.md, "Plan kernel"), host only: which calls the
+// prep kernel writes the plan of (the default), and the combine launcher refusing a plan whose Phi
+// image is not its kernel's. Nothing launches.
+TEST(PlanSwitches, PlanByPrepAndCombineImage) {
   namespace pf = sm90::prefill;
   PrefillParams p = batch_fields(8192, 1, 16, nullptr);  // H16, one fixed row of 8K tokens
   p.num_qk_heads = 16;
   p.head_dim_k = p.head_dim_v = 128;
   sm90::set_prefill_path(sm90::PrefillPath::kChunked);
-  EXPECT_EQ(sm90::prefill_overlap_rows(p), 0) << "off by default";
-  const size_t sequential = prefill_workspace_size(p);
-  sm90::set_prefill_overlap(1);
-  EXPECT_EQ(sm90::prefill_overlap_rows(p), 64) << "the cost model's pick for H16 T = 8K";
-  pf::WorkspacePlan overlapped = pf::make_workspace_plan(1, 8192, 1, false, 16);
-  pf::add_ready_flags(overlapped);
-  EXPECT_EQ(overlapped.total_bytes,
-            pf::align_up(pf::make_workspace_plan(1, 8192, 1, false, 16).total_bytes, 128) + (128 * 16 + 1) * 4);
-  EXPECT_EQ(prefill_workspace_size(p), overlapped.total_bytes);
-  EXPECT_GE(prefill_workspace_size(batch_fields(8192, 1, 16, nullptr)), overlapped.total_bytes)
-      << "the batch-only size covers an overlapped call";
-  PrefillParams h96 = batch_fields(8192, 1, 96, nullptr);
-  h96.num_qk_heads = 96;
-  h96.head_dim_k = h96.head_dim_v = 128;
-  sm90::set_prefill_overlap(1, /*force=*/true);
-  EXPECT_EQ(sm90::prefill_overlap_rows(h96), 0) << "96 heads' chains do not fit on 32 CTAs, forced or not";
-  sm90::set_prefill_overlap(-1);
-  EXPECT_EQ(prefill_workspace_size(p), sequential);
-
   EXPECT_TRUE(sm90::prefill_plan_by_prep(p)) << "on by default for a fixed batch";
   sm90::set_prefill_plan_by_prep(0);
   EXPECT_FALSE(sm90::prefill_plan_by_prep(p)) << "the plan kernel on request";

@@ -52,63 +52,25 @@ class DeviceCopies {
   std::vector<std::pair<HostTensor*, void*>> buffers_;
 };
 
-// One call's device side: copies of t's tensors, its params and a workspace of
-// prefill_workspace_size bytes (every byte set to workspace_fill first when that is 0..255).
-class DeviceCall {
- public:
-  DeviceCall(const PrefillCase& c, PrefillTensors& t, int workspace_fill) {
-    const PrefillPointers ptr = map_pointers(t, [&](HostTensor& x) { return dev.map(x); });
-    p = fill_prefill_params(c, t, ptr);
-    p.workspace_bytes = prefill_workspace_size(p);
-    if (p.workspace_bytes > 0) {
-      EXPECT_EQ(cudaMalloc(&ws_, p.workspace_bytes), cudaSuccess);
-      if (workspace_fill >= 0 && workspace_fill <= 255)
-        EXPECT_EQ(cudaMemset(ws_, workspace_fill, p.workspace_bytes), cudaSuccess);
-    }
-    p.workspace = ws_;
-  }
-  DeviceCall(const DeviceCall&) = delete;
-  DeviceCall& operator=(const DeviceCall&) = delete;
-  ~DeviceCall() {
-    if (ws_ != nullptr) cudaFree(ws_);
-  }
-  DeviceCopies dev;
-  PrefillParams p;
-
- private:
-  void* ws_ = nullptr;
-};
-
 // Runs case c through kdakit::prefill on device copies of t (on the default stream, with a
 // workspace of prefill_workspace_size bytes, every byte set to workspace_fill first when it is
 // 0..255); on success the results are copied back into t.
 inline Status run_prefill_on_gpu(const PrefillCase& c, PrefillTensors& t, int workspace_fill = -1) {
-  DeviceCall call(c, t, workspace_fill);
-  const Status st = prefill(call.p, nullptr);
-  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-  if (st.ok()) call.dev.copy_back();
-  return st;
-}
-
-// The same captured into a CUDA graph on a stream of its own and replayed once.
-inline Status run_prefill_on_gpu_graph(const PrefillCase& c, PrefillTensors& t, int workspace_fill = -1) {
-  DeviceCall call(c, t, workspace_fill);
-  cudaStream_t stream = nullptr;
-  EXPECT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
-  cudaGraph_t graph = nullptr;
-  cudaGraphExec_t exec = nullptr;
-  EXPECT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), cudaSuccess);
-  const Status st = prefill(call.p, stream);
-  EXPECT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);
-  if (st.ok() && graph != nullptr) {
-    EXPECT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
-    EXPECT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
-    EXPECT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+  DeviceCopies dev;
+  const PrefillPointers ptr = map_pointers(t, [&](HostTensor& x) { return dev.map(x); });
+  PrefillParams p = fill_prefill_params(c, t, ptr);
+  p.workspace_bytes = prefill_workspace_size(p);
+  void* ws = nullptr;
+  if (p.workspace_bytes > 0) {
+    EXPECT_EQ(cudaMalloc(&ws, p.workspace_bytes), cudaSuccess);
+    if (workspace_fill >= 0 && workspace_fill <= 255)
+      EXPECT_EQ(cudaMemset(ws, workspace_fill, p.workspace_bytes), cudaSuccess);
   }
-  if (exec != nullptr) cudaGraphExecDestroy(exec);
-  if (graph != nullptr) cudaGraphDestroy(graph);
-  cudaStreamDestroy(stream);
-  if (st.ok()) call.dev.copy_back();
+  p.workspace = ws;
+  const Status st = prefill(p, nullptr);
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  if (ws != nullptr) cudaFree(ws);
+  if (st.ok()) dev.copy_back();
   return st;
 }
 

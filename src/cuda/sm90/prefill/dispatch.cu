@@ -22,7 +22,6 @@
 #include <cstring>
 #include <string>
 #include <type_traits>
-#include <vector>
 
 #include "cuda/common/device_setup.cuh"
 #include "cuda/sm90/decode/dispatch.h"
@@ -151,46 +150,6 @@ bool plan_by_prep_on() {
   }();
   return env;
 }
-// KDAKIT_PREFILL_OVERLAP=streams|pdl: batches (not routed ones) whose sequences' whole-sequence
-// chains fit on a few CTAs run the recurrence beside the prep grid where the cost model predicts
-// a gain (recurrence/launch.h,
-// choose_overlap; docs/design/20261201-prefill-segments.md, session 28): `streams` forks the
-// recurrence onto a second stream of the greatest priority and joins it back with events, `pdl`
-// launches it first in the caller's stream with prep as its programmatic dependent, `after` is
-// `streams` with prep enqueued first and the recurrence second (the order a serialised launch
-// runs without waiting forever; whether the priority still gets the chains resident early is the
-// probe's `prio-after` row).
-// set_prefill_overlap overrides it. Off by default: built in session 28 without a GPU, and
-// whether either launch gets the chains resident early is for prefill_overlap_probe to say.
-// NOTE: the chains wait on prep, which is launched after them: anything that runs kernels one at
-// a time deadlocks an overlapped call. CUDA_LAUNCH_BLOCKING=1 turns it off here, and so does
-// CUDA_INJECTION64_PATH, through which tools attach to the CUDA driver (compute-sanitizer and
-// Nsight Compute serialise kernels; whether they set that variable is for the next H200 run to
-// confirm, so leave KDAKIT_PREFILL_OVERLAP unset under them). A default-on version needs a way out
-// of serialised launches that does not depend on recognising the tool.
-int overlap_override = -1;  // 0 off, 1 streams, 2 pdl, 3 after (streams, prep enqueued first)
-bool overlap_forced = false;
-bool kernels_may_serialise() {
-  static const bool v = [] {
-    const char* blocking = std::getenv("CUDA_LAUNCH_BLOCKING");
-    const char* tool = std::getenv("CUDA_INJECTION64_PATH");
-    return (blocking != nullptr && std::strcmp(blocking, "1") == 0) || (tool != nullptr && *tool != '\0');
-  }();
-  return v;
-}
-int overlap_scheme() {
-  if (kernels_may_serialise()) return 0;
-  if (overlap_override >= 0) return overlap_override;
-  static const int env = [] {
-    const char* e = std::getenv("KDAKIT_PREFILL_OVERLAP");
-    if (e == nullptr) return 0;
-    if (std::strcmp(e, "streams") == 0) return 1;
-    if (std::strcmp(e, "pdl") == 0) return 2;
-    if (std::strcmp(e, "after") == 0) return 3;
-    return 0;
-  }();
-  return env;
-}
 struct ForcedSegments {
   bool set = false;
   bool model = false;  // the cost model's choice
@@ -274,33 +233,6 @@ bool f16_block(const PrefillParams& p, const prefill::SegmentChoice& c) {
   if (forced == 1) return true;
   const float s = p.scale < 0.f ? -p.scale : p.scale;
   return p.use_qk_l2norm && s >= 1.f / 16.f && s <= 16.f;
-}
-
-// The second stream of overlapped calls (`streams`), with the fork and join events: one set per
-// host thread and device, created on first use (host objects; no device memory).
-struct SideStream {
-  cudaStream_t stream = nullptr;
-  cudaEvent_t fork = nullptr, join = nullptr;
-};
-Status side_stream(SideStream** out) {
-  thread_local std::vector<SideStream> per_device;
-  const int device = kdakit::cuda::current_device();
-  if (device < 0) return Status(StatusCode::kCudaError, "prefill overlap: no current device");
-  if (per_device.size() <= size_t(device)) per_device.resize(size_t(device) + 1);
-  SideStream& s = per_device[size_t(device)];
-  if (s.stream == nullptr) {
-    int least = 0, greatest = 0;
-    cudaError_t err = cudaDeviceGetStreamPriorityRange(&least, &greatest);
-    if (err == cudaSuccess) err = cudaStreamCreateWithPriority(&s.stream, cudaStreamNonBlocking, greatest);
-    if (err == cudaSuccess) err = cudaEventCreateWithFlags(&s.fork, cudaEventDisableTiming);
-    if (err == cudaSuccess) err = cudaEventCreateWithFlags(&s.join, cudaEventDisableTiming);
-    if (err != cudaSuccess) {
-      s = SideStream{};
-      return Status(StatusCode::kCudaError, std::string("prefill overlap: side stream: ") + cudaGetErrorString(err));
-    }
-  }
-  *out = &s;
-  return Status::Ok();
 }
 
 // Segment length the workspace is sized for when only the batch sizes are known: the shortest
@@ -402,29 +334,11 @@ bool route_on_device(const PrefillParams& p) {
          lengths_within(p, kTile16MaxLength, kTile16MaxLength) && prefill::fused_unsupported(p) == nullptr;
 }
 
-// Whether this call overlaps (rows > 0: its chains' value rows), from its segment choice: not for
-// routed calls, nor while segments or a path are forced (their tests).
-prefill::OverlapChoice overlap_for(const PrefillParams& p, const prefill::SegmentChoice& seg) {
-  const PrefillPath f = forced_path();
-  const ForcedSegments fs = forced_segments();
-  if (overlap_scheme() == 0 || route_on_device(p) || p.seqlen <= 0 || p.num_seqs <= 0 ||
-      (f != PrefillPath::kAuto && f != PrefillPath::kChunked) || (fs.set && !fs.model))
-    return {};
-  prefill::SegmentChoice chains = seg;  // the block type of 64- or 128-row chains
-  chains.segment_chunks = 0;
-  chains.rows = 64;
-  const bool f16 = f16_block(p, chains);
-  return prefill::choose_overlap(p.batch, p.seqlen, p.num_seqs, p.cu_seqlens != nullptr, p.num_v_heads,
-                                 current_num_sms(), seg.predicted_us,
-                                 f16 ? 1.4 : 1.9, f16 ? 2.7 : 3.4, overlap_forced);
-}
-
 // Whether the prep kernel writes this two-kernel call's plan (no plan kernel). A fixed batch with
-// T = 0 has no prep CTA to write it, a routed call's tile kernel reads it before prep runs, and an
-// overlapped call's recurrence reads it at its start, beside prep: the plan kernel writes those.
-bool plan_by_prep(const PrefillParams& p, const prefill::OverlapChoice& ov) {
-  return plan_by_prep_on() && ov.rows == 0 &&
-         (p.cu_seqlens == nullptr ? p.seqlen > 0 : p.num_seqs == 1 && !route_on_device(p));
+// T = 0 has no prep CTA to write it, and a routed call's tile kernel reads it before prep runs:
+// the plan kernel writes those.
+bool plan_by_prep(const PrefillParams& p) {
+  return plan_by_prep_on() && (p.cu_seqlens == nullptr ? p.seqlen > 0 : p.num_seqs == 1 && !route_on_device(p));
 }
 
 Status launch_tile16(const PrefillParams& p, const prefill::WorkspacePlan& plan, cudaStream_t stream) {
@@ -445,30 +359,19 @@ Status launch_tile16(const PrefillParams& p, const prefill::WorkspacePlan& plan,
 void set_prefill_path(PrefillPath path) { path_override = path; }
 
 namespace {
-// The two-kernel path's choices for a call and the workspace they lay out: segments, or whole
-// sequences beside prep (overlap), the block type, the Phi image, the plan's writer, the flags
-// (prefill_workspace_size and run_prefill take the same).
+// The two-kernel path's choices for a call and the workspace they lay out: segments, the block
+// type, the Phi image, the plan's writer (prefill_workspace_size and run_prefill take the same).
 struct ChunkedCall {
   prefill::SegmentChoice seg;
-  prefill::OverlapChoice ov;
   prefill::WorkspacePlan plan;
-  int overlap_scheme = 0;  // overlap_scheme()'s value, read once per call: 0 when the call does not overlap
 };
 ChunkedCall chunked_call(const PrefillParams& p) {
   ChunkedCall c;
   c.seg = segment_choice(p);
-  c.ov = overlap_for(p, c.seg);
-  if (c.ov.rows > 0) c.seg.segment_chunks = 0, c.seg.rows = c.ov.rows;  // whole sequences beside prep
   c.plan = plan_for(p, c.seg.segment_chunks);
   c.plan.f16_block = f16_block(p, c.seg);
   c.plan.phi_fragments = combine_kernel() == prefill::CombineKernel::kDirect;
-  c.plan.plan_by_prep = plan_by_prep(p, c.ov);
-  if (c.ov.rows > 0) {
-    prefill::add_ready_flags(c.plan);
-    c.overlap_scheme = overlap_scheme();
-    c.plan.overlap_pdl = c.overlap_scheme == 2;
-    c.plan.overlap_ctas = c.ov.ctas;
-  }
+  c.plan.plan_by_prep = plan_by_prep(p);
   return c;
 }
 }  // namespace
@@ -477,16 +380,9 @@ int32_t prefill_segment_chunks(const PrefillParams& p) { return segment_choice(p
 
 bool prefill_f16_block(const PrefillParams& p) { return f16_block(p, segment_choice(p)); }
 
-int prefill_overlap_rows(const PrefillParams& p) { return chunked_call(p).ov.rows; }
-
 bool prefill_plan_by_prep(const PrefillParams& p) { return chunked_call(p).plan.plan_by_prep; }
 
 void set_prefill_block(int f16) { block_override = f16 < 0 ? -1 : f16 != 0 ? 1 : 0; }
-
-void set_prefill_overlap(int scheme, bool force) {
-  overlap_override = scheme < 0 || scheme > 3 ? -1 : scheme;
-  overlap_forced = overlap_override > 0 && force;
-}
 
 void set_prefill_plan_by_prep(int on) { plan_by_prep_override = on < 0 ? -1 : on != 0 ? 1 : 0; }
 
@@ -518,63 +414,12 @@ size_t prefill_workspace_size(const PrefillParams& p) {
   const bool batch_only = p.q == nullptr && p.head_dim_k == 0;
   const PrefillPath f = forced_path();
   if (batch_only) {
-    prefill::WorkspacePlan plan = plan_for(p, sizing_segment_chunks(p));
-    // an overlapped call's flags on top (its whole-sequence plan is no larger than this one)
-    if (overlap_scheme() != 0) prefill::add_ready_flags(plan);
+    const prefill::WorkspacePlan plan = plan_for(p, sizing_segment_chunks(p));
     return f == PrefillPath::kFused || f == PrefillPath::kTile16 ? plan.chunk_blocks_offset : plan.total_bytes;
   }
   if (f != PrefillPath::kChunked && (use_tile16(p) || use_fused(p))) return plan_for(p).chunk_blocks_offset;
   return chunked_call(p).plan.total_bytes;
 }
-
-namespace {
-// An overlapped call after its plan: the ready flags zeroed, then the recurrence (whole sequences,
-// `rows` value rows) and prep side by side (dispatch.cu's NOTE at overlap_scheme).
-Status run_overlapped(const PrefillParams& p, const prefill::WorkspacePlan& plan, int rows,
-                      const prefill::OverlapChoice& ov, int scheme, cudaStream_t stream) {
-  auto recurrence = [&](cudaStream_t s) {
-    return rows == 64 ? prefill::launch_prefill_recurrence<64>(p, plan, p.workspace, s)
-                      : prefill::launch_prefill_recurrence<128>(p, plan, p.workspace, s);
-  };
-  if (std::getenv("KDAKIT_PRINT_CONFIGS") != nullptr)
-    std::fprintf(stderr, "kdakit prefill: N=%lld T=%lld HV=%d overlapped (%s): %d CTAs of %d-row chains beside prep "
-                 "(model %.0f us, sequential %.0f us)\n", (long long)p.num_seqs, (long long)p.seqlen, p.num_v_heads,
-                 scheme == 2 ? "pdl" : scheme == 3 ? "after" : "streams", ov.ctas, rows, ov.predicted_us, ov.sequential_us);
-  cudaError_t err = cudaMemsetAsync(static_cast<uint8_t*>(p.workspace) + plan.ready_offset, 0,
-                                    plan.total_bytes - plan.ready_offset, stream);
-  if (err != cudaSuccess)
-    return Status(StatusCode::kCudaError, std::string("prefill overlap: flags: ") + cudaGetErrorString(err));
-  if (plan.overlap_pdl) {
-    // the recurrence first (its CTAs trigger at their start), prep as its programmatic dependent
-    Status st = recurrence(stream);
-    if (!st.ok()) return st;
-    return prefill::launch_prefill_prep(p, plan, p.workspace, stream);
-  }
-  SideStream* side = nullptr;
-  Status st = side_stream(&side);
-  if (!st.ok()) return st;
-  err = cudaEventRecord(side->fork, stream);
-  if (err == cudaSuccess) err = cudaStreamWaitEvent(side->stream, side->fork, 0);
-  if (err != cudaSuccess)
-    return Status(StatusCode::kCudaError, std::string("prefill overlap: fork: ") + cudaGetErrorString(err));
-  Status st_prep = Status::Ok();
-  if (scheme == 3) {
-    st_prep = prefill::launch_prefill_prep(p, plan, p.workspace, stream);
-    st = st_prep.ok() ? recurrence(side->stream) : Status::Ok();
-  } else {
-    st = recurrence(side->stream);
-    st_prep = st.ok() ? prefill::launch_prefill_prep(p, plan, p.workspace, stream) : Status::Ok();
-  }
-  // joined back whatever happened, so that a capture stays whole
-  err = cudaEventRecord(side->join, side->stream);
-  if (err == cudaSuccess) err = cudaStreamWaitEvent(stream, side->join, 0);
-  if (!st.ok()) return st;
-  if (!st_prep.ok()) return st_prep;
-  if (err != cudaSuccess)
-    return Status(StatusCode::kCudaError, std::string("prefill overlap: join: ") + cudaGetErrorString(err));
-  return Status::Ok();
-}
-}  // namespace
 
 Status run_prefill(const PrefillParams& p, cudaStream_t stream) {
   // ---- what the chunked kernels support
@@ -641,7 +486,6 @@ Status run_prefill(const PrefillParams& p, cudaStream_t stream) {
 
   const ChunkedCall call = chunked_call(p);
   const prefill::SegmentChoice& seg = call.seg;
-  const prefill::OverlapChoice& ov = call.ov;
   prefill::WorkspacePlan plan = call.plan;
   const bool routed = route_on_device(p);
   if (routed) plan.route_bound = int32_t(kTile16MaxLength);
@@ -673,7 +517,6 @@ Status run_prefill(const PrefillParams& p, cudaStream_t stream) {
     st = launch_tile16(p, plan, stream);
     if (!st.ok()) return st;
   }
-  if (plan.overlap) return run_overlapped(p, plan, seg.rows, ov, call.overlap_scheme, stream);
   st = prefill::launch_prefill_prep(p, plan, p.workspace, stream);
   if (!st.ok()) return st;
 

@@ -35,16 +35,6 @@ void set_prefill_plan_by_prep(int on);
 // Whether the prep kernel writes this two-kernel call's plan now (after the overrides); reads no
 // device memory.
 bool prefill_plan_by_prep(const PrefillParams& p);
-// Overlapped calls (the recurrence beside the prep grid, fixed batches whose chains need few CTAs;
-// dispatch.cu): 1 on two streams, 2 with programmatic dependent launch, 3 on two streams with prep
-// enqueued first, 0 off (the default), negatives remove the override
-// (KDAKIT_PREFILL_OVERLAP=streams|pdl|after, read once, or the default).
-// force: whenever the chains fit, whatever the cost model says (tests). Results are bit for bit
-// those of the same whole-sequence recurrence run after prep.
-void set_prefill_overlap(int scheme, bool force = false);
-// The value rows of this call's chains if it runs overlapped now (after the overrides), else 0;
-// reads no device memory.
-int prefill_overlap_rows(const PrefillParams& p);
 // The two-kernel path's chunk-block element type: 1 fp16 where the call allows it (what the
 // default picks), 0 bf16 (Kh hi + lo, the hi + lo recurrence), negatives remove the override
 // (KDAKIT_PREFILL_BLOCK=bf16|f16, read once, or the default). Tests run both in one process.

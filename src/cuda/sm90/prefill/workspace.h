@@ -153,29 +153,9 @@ struct WorkspacePlan {
   // plan entries the prep kernel writes (prep/config.h, PrepParams), so that no plan kernel runs
   // (dispatch.cu); set by the dispatcher.
   bool plan_by_prep;
-  // An overlapped call (dispatch.cu, overlap): the recurrence grid (overlap_ctas CTAs taking
-  // work items from a counter) runs beside the prep grid and reads each chunk block once its ready
-  // flag is set: int32 [max_chunks][HV] at ready_offset, after everything else, then the counter
-  // (add_ready_flags; all zeroed per call). false: no flags, the grids run one after the other.
-  bool overlap;
-  size_t ready_offset;
-  int32_t overlap_ctas;
-  // ... launched in one stream, the recurrence first and prep as its programmatic dependent (else
-  // on two streams; dispatch.cu)
-  bool overlap_pdl;
 };
 
 inline constexpr size_t align_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
-
-// The ready flags and work counter of an overlapped call, after the rest of the workspace.
-inline void add_ready_flags(WorkspacePlan& w) {
-  w.overlap = true;
-  w.ready_offset = align_up(w.total_bytes, 128);
-  w.total_bytes = w.ready_offset + (size_t(w.max_chunks) * size_t(w.num_v_heads) + 1) * sizeof(int32_t);
-}
-inline size_t work_counter_offset(const WorkspacePlan& w) {
-  return w.ready_offset + size_t(w.max_chunks) * size_t(w.num_v_heads) * sizeof(int32_t);
-}
 
 inline WorkspacePlan make_workspace_plan(int64_t batch, int64_t seqlen, int64_t num_seqs,
                                          bool packed, int32_t num_v_heads, int32_t segment_chunks = 0) {

@@ -242,10 +242,6 @@ struct PrepParams {
   const void* single_cu;
   bool single_cu_int64;
   int32_t row_tokens;
-  // An overlapped call (WorkspacePlan::overlap): the ready flag of each (chunk, value head),
-  // [max_chunks][HV], zeroed before the launch; each CTA sets its own to 1 once its block is
-  // written. Null: no flags.
-  int32_t* ready;
 };
 
 }  // namespace kdakit::sm90::prefill::prep

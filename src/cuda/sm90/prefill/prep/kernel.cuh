@@ -67,8 +67,8 @@
 // loops (the inverse's squaring steps, phase 2's k-steps by 2, phase 5's halves, the wide-span
 // loop by 2) took it to 6,520 and their prep 7% faster, the lower-bound rows unchanged (session
 // 14). The ctest prefill_prep_code_size (tests/cpp/prefill/prep) fails past 6,600 for the
-// lower-bound, bf16-g instantiations (6,368 now, 6,136 in session 23; 6,528 for the kExtras one
-// with session 28's plan writers and ready flags); the softplus ones run ~24 instructions
+// lower-bound, bf16-g instantiations (6,368 now, 6,136 in session 23; 6,496 for the kExtras one
+// with session 28's plan writers); the softplus ones run ~24 instructions
 // larger (~190 before their gate lost its select, session 23).
 #pragma once
 
@@ -83,7 +83,6 @@
 #include "cuda/common/dtype.cuh"
 #include "cuda/common/math.cuh"
 #include "cuda/common/mma_sm80.cuh"
-#include "cuda/common/ptx_sm90.cuh"
 #include "cuda/sm90/prefill/prep/config.h"
 #include "cuda/sm90/prefill/prep/launch.h"
 #include "cuda/sm90/prefill/common/gate.cuh"
@@ -297,9 +296,9 @@ __device__ __forceinline__ void lm_store(const float (&acc0)[4][4], const float 
 // ------------------------------------------------------------------------------------------
 // Prep kernel
 // ------------------------------------------------------------------------------------------
-// kExtras: the call's plan entries (PrepParams::fixed_chunk_offsets, single_cu) or ready flags
-// (PrepParams::ready) may be set. A separate instantiation, so that the kernel of every other call
-// compiles to the code it had before them (session 28: in one kernel the unused branches
+// kExtras: the call's plan entries may be written here (PrepParams::fixed_chunk_offsets, single_cu;
+// the default for a fixed batch or one packed sequence). A separate instantiation, so that the
+// kernel of every other call compiles to the code it had before them (session 28: in one kernel the unused branches
 // rescheduled it, 125 -> 127 registers, and this kernel is sensitive to its code; the NOTE above).
 template <GateMode kGate, typename GT, bool kExtras>
 __global__ void __launch_bounds__(kThreads, 2) kda_prefill_prep_sm90_kernel(const __grid_constant__ PrepParams p) {
@@ -968,13 +967,6 @@ __global__ void __launch_bounds__(kThreads, 2) kda_prefill_prep_sm90_kernel(cons
     p.fixed_seq_start[n] = 0;
     p.fixed_seq_len[n] = p.seqlen;
   }
-  // Overlapped calls (PrepParams::ready): the block is complete, tell the recurrence grid that
-  // runs beside this one (it reads the block by TMA once the flag is set).
-  if (kExtras && p.ready != nullptr) {
-    kdakit::cuda::ptx::publish_fence();
-    __syncthreads();
-    if (tid == 0) kdakit::cuda::ptx::store_release_gpu(p.ready + size_t(chunk) * p.num_v_heads + h, 1);
-  }
 }
 
 // ------------------------------------------------------------------------------------------
@@ -987,9 +979,9 @@ inline Status cuda_status(cudaError_t err, int line, const char* what) {
 }
 
 template <GateMode kGate, bool kGFp32>
-Status launch_prep_kernel(const PrepParams& params, int64_t max_chunks, cudaStream_t stream, bool programmatic) {
+Status launch_prep_kernel(const PrepParams& params, int64_t max_chunks, cudaStream_t stream) {
   using GT = std::conditional_t<kGFp32, float, __nv_bfloat16>;
-  const bool extras = params.fixed_chunk_offsets != nullptr || params.single_cu != nullptr || params.ready != nullptr;
+  const bool extras = params.fixed_chunk_offsets != nullptr || params.single_cu != nullptr;
   auto* kernel = extras ? &kda_prefill_prep_sm90_kernel<kGate, GT, true> : &kda_prefill_prep_sm90_kernel<kGate, GT, false>;
   constexpr int kSmem = int(SharedMemoryPlan::kBytes);
   // NOTE: the attributes are per function and device; setting them once per device keeps the
@@ -1008,24 +1000,8 @@ Status launch_prep_kernel(const PrepParams& params, int64_t max_chunks, cudaStre
   if (ctas > int64_t(INT32_MAX)) {
     return Status(StatusCode::kUnsupported, "prefill prep: supports up to 2^31 - 1 (chunk, value head) pairs");
   }
-  if (!programmatic) {
-    kernel<<<unsigned(ctas), kThreads, kSmem, stream>>>(params);
-    return cuda_status(cudaGetLastError(), __LINE__, "kda_prefill_prep_sm90_kernel launch");
-  }
-  // An overlapped call's prep grid as the dependent of the recurrence grid launched just before it
-  // (dispatch.cu, overlap): it may start once the recurrence's CTAs are resident and have
-  // triggered; it reads nothing that grid writes, so it never waits on it.
-  cudaLaunchConfig_t cfg{};
-  cfg.gridDim = dim3(unsigned(ctas));
-  cfg.blockDim = dim3(kThreads);
-  cfg.dynamicSmemBytes = size_t(kSmem);
-  cfg.stream = stream;
-  cudaLaunchAttribute attr{};
-  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr.val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = &attr;
-  cfg.numAttrs = 1;
-  return cuda_status(cudaLaunchKernelEx(&cfg, kernel, params), __LINE__, "kda_prefill_prep_sm90_kernel launch");
+  kernel<<<unsigned(ctas), kThreads, kSmem, stream>>>(params);
+  return cuda_status(cudaGetLastError(), __LINE__, "kda_prefill_prep_sm90_kernel launch");
 }
 
 }  // namespace kdakit::sm90::prefill::prep

@@ -101,23 +101,21 @@ Status launch_prefill_prep(const PrefillParams& p, const WorkspacePlan& w, void*
       .single_cu = w.plan_by_prep && packed ? p.cu_seqlens : nullptr,
       .single_cu_int64 = p.dtype_cu_seqlens == DType::kInt64,
       .row_tokens = int32_t(p.seqlen),
-      .ready = w.overlap ? reinterpret_cast<int32_t*>(base + w.ready_offset) : nullptr,
   };
   KDAKIT_CHECK(!w.plan_by_prep || (packed ? w.num_seqs == 1 && w.route_bound < 0 : p.seqlen > 0), kInternal,
                "prefill prep: only a fixed batch with T > 0 or one packed sequence (not routed) has its plan "
                "written by the prep kernel");
   const bool g_fp32 = p.dtype_g == DType::kFloat32;
-  const bool pdl = w.overlap_pdl;  // an overlapped call's prep as the recurrence's dependent (dispatch.cu)
   switch (p.gate) {
     case GateMode::kPrecomputed:
-      return g_fp32 ? prep::launch_prep_kernel<GateMode::kPrecomputed, true>(params, w.max_chunks, stream, pdl)
-                    : prep::launch_prep_kernel<GateMode::kPrecomputed, false>(params, w.max_chunks, stream, pdl);
+      return g_fp32 ? prep::launch_prep_kernel<GateMode::kPrecomputed, true>(params, w.max_chunks, stream)
+                    : prep::launch_prep_kernel<GateMode::kPrecomputed, false>(params, w.max_chunks, stream);
     case GateMode::kSoftplus:
-      return g_fp32 ? prep::launch_prep_kernel<GateMode::kSoftplus, true>(params, w.max_chunks, stream, pdl)
-                    : prep::launch_prep_kernel<GateMode::kSoftplus, false>(params, w.max_chunks, stream, pdl);
+      return g_fp32 ? prep::launch_prep_kernel<GateMode::kSoftplus, true>(params, w.max_chunks, stream)
+                    : prep::launch_prep_kernel<GateMode::kSoftplus, false>(params, w.max_chunks, stream);
     case GateMode::kLowerBound:
-      return g_fp32 ? prep::launch_prep_kernel<GateMode::kLowerBound, true>(params, w.max_chunks, stream, pdl)
-                    : prep::launch_prep_kernel<GateMode::kLowerBound, false>(params, w.max_chunks, stream, pdl);
+      return g_fp32 ? prep::launch_prep_kernel<GateMode::kLowerBound, true>(params, w.max_chunks, stream)
+                    : prep::launch_prep_kernel<GateMode::kLowerBound, false>(params, w.max_chunks, stream);
   }
   return Status(StatusCode::kUnsupported, "prefill prep: gate must be kPrecomputed, kSoftplus or kLowerBound, got " +
                                               std::to_string(int(p.gate)));

@@ -25,7 +25,7 @@ namespace prep {
 struct PrepParams;
 // One file per (gate, g dtype) in instantiations/: kGFp32 selects fp32 g, else bf16.
 template <GateMode kGate, bool kGFp32>
-Status launch_prep_kernel(const PrepParams& params, int64_t max_chunks, cudaStream_t stream, bool programmatic);
+Status launch_prep_kernel(const PrepParams& params, int64_t max_chunks, cudaStream_t stream);
 }  // namespace prep
 
 }  // namespace kdakit::sm90::prefill

@@ -92,9 +92,6 @@ struct KernelParams : common::StateParams {
   int32_t segment_chunks;
   int32_t max_segments;           // grid extent of the segment index
   bool phi_fragments;             // summaries write Phi as mma B fragments (WorkspacePlan::phi_fragments)
-  const int32_t* ready;           // overlapped calls: prep's ready flags [max_chunks][HV] (else null)
-  int32_t* work_counter;          // ... and the items taken so far (zeroed per call)
-  int32_t num_items;              // ... of N x HV x slices
 };
 
 // The sequence of launch rank i (the grid has the sequence slowest): the plan's seq_order, so
@@ -558,10 +555,9 @@ inline Status cuda_status(cudaError_t err, const char* what, int line) {
 }
 
 // The wgmma version of the 64- and 128-row recurrence and summary pass (wgmma.cuh,
-// instantiations/wgmma_*.cu); kF16: on an fp16 block (WorkspacePlan::f16_block); kOverlap: the
-// recurrence beside the prep grid (WorkspacePlan::overlap); kPhiFragments: summaries writing Phi
-// as mma fragments (WorkspacePlan::phi_fragments).
-template <int kValueRows, bool kSummary, bool kF16, bool kOverlap = false, bool kPhiFragments = false>
+// instantiations/wgmma_*.cu); kF16: on an fp16 block (WorkspacePlan::f16_block); kPhiFragments:
+// summaries writing Phi as mma fragments (WorkspacePlan::phi_fragments).
+template <int kValueRows, bool kSummary, bool kF16, bool kPhiFragments = false>
 Status launch_wgmma(const KernelParams& kp, const TmaParams& tma, int64_t num_ctas, cudaStream_t stream);
 
 }  // namespace kdakit::sm90::prefill::recurrence
@@ -641,28 +637,17 @@ Status launch(const PrefillParams& p, const WorkspacePlan& plan, const void* wor
   kp.segment_chunks = plan.segment_chunks;
   kp.max_segments = plan.segment_chunks > 0 ? plan.max_segments : 1;
   kp.phi_fragments = plan.phi_fragments;
-  kp.ready = plan.overlap ? reinterpret_cast<const int32_t*>(ws + plan.ready_offset) : nullptr;
-  kp.work_counter = plan.overlap ? reinterpret_cast<int32_t*>(const_cast<uint8_t*>(ws) + work_counter_offset(plan)) : nullptr;
   if (kSummary && plan.segment_chunks <= 0) return Status(StatusCode::kInternal, "recurrence: summaries without segments");
 
   const int64_t num_ctas = p.num_seqs * p.num_v_heads * kp.max_segments * Cfg::kSlices * (kSummary ? 2 : 1);
   if (num_ctas > int64_t(INT32_MAX))
     return Status(StatusCode::kUnsupported, "recurrence: N * HV * segments * slices must stay below 2^31, got " +
                                                 std::to_string(num_ctas));
-  if (plan.overlap && (kSummary || kValueRows < 64 || plan.segment_chunks > 0 || plan.overlap_ctas <= 0))
-    return Status(StatusCode::kInternal, "recurrence: an overlapped call runs whole sequences on 64 or 128 rows");
   if constexpr (kValueRows == 64 || kValueRows == 128) {
-    if constexpr (!kSummary) {
-      if (plan.overlap) {  // overlap_ctas CTAs take the num_ctas items from the counter
-        kp.num_items = int32_t(num_ctas);
-        const int64_t ctas = std::min<int64_t>(num_ctas, plan.overlap_ctas);
-        return f16 ? launch_wgmma<kValueRows, false, true, true>(kp, tma, ctas, stream)
-                   : launch_wgmma<kValueRows, false, false, true>(kp, tma, ctas, stream);
-      }
-    } else {
+    if constexpr (kSummary) {
       if (plan.phi_fragments) {
-        return f16 ? launch_wgmma<kValueRows, true, true, false, true>(kp, tma, num_ctas, stream)
-                   : launch_wgmma<kValueRows, true, false, false, true>(kp, tma, num_ctas, stream);
+        return f16 ? launch_wgmma<kValueRows, true, true, true>(kp, tma, num_ctas, stream)
+                   : launch_wgmma<kValueRows, true, false, true>(kp, tma, num_ctas, stream);
       }
     }
     return f16 ? launch_wgmma<kValueRows, kSummary, true>(kp, tma, num_ctas, stream)

@@ -23,7 +23,6 @@
 // against ~4.7), H32 1024 x 8 0.175 against 0.192; it is the 64- and 128-row kernel since.
 #pragma once
 
-#include "cuda/common/ptx_sm90.cuh"
 #include "cuda/sm90/prefill/common/gmma.cuh"
 #include "cuda/sm90/prefill/common/o_store.cuh"
 #include "cuda/sm90/prefill/recurrence/kernel.cuh"
@@ -136,12 +135,11 @@ __device__ __forceinline__ void rescale_rows(float (&s)[16][4], float (&u)[32], 
   scale_acc_rows(u, fu);
 }
 
-// One CTA's work item: `item` is the grid position it stands for (an overlapped call's item from
-// its work counter; -1: the block index). reinit: the CTA ran an item before (its stage barriers
-// are invalidated and initialised again).
-template <int kValueRows, bool kSummary, bool kF16, bool kOverlap, bool kPhiFragments>
-__device__ __forceinline__ void wgmma_item(const KernelParams& p, const TmaParams& tma, int64_t item, bool reinit) {
-  static_assert(!(kOverlap && kSummary), "only the recurrence runs beside prep");
+// kPhiFragments (summaries only; KernelParams::phi_fragments): Phi leaves as mma B fragments. An
+// instantiation of its own, so that the default kernels compile to the code they had before it.
+template <int kValueRows, bool kSummary, bool kF16, bool kPhiFragments>
+__global__ void __launch_bounds__(kCtaThreads<kValueRows>, 1)
+    kda_prefill_recurrence_wgmma_sm90_kernel(const __grid_constant__ KernelParams p, const __grid_constant__ TmaParams tma) {
   static_assert(!kPhiFragments || kSummary, "only summaries write Phi");
   using Cfg = Config<kValueRows>;
   using Smem = typename Cfg::SharedMemoryPlan;
@@ -160,7 +158,7 @@ __device__ __forceinline__ void wgmma_item(const KernelParams& p, const TmaParam
 
   // Grid order (fastest first): value slice z, segment, value head, sequence (as kernel.cuh).
   constexpr int kZ = kSummary ? 2 * Cfg::kSlices : Cfg::kSlices;
-  const int64_t cta = item < 0 ? int64_t(blockIdx.x) : item;
+  const int64_t cta = blockIdx.x;
   const int z = int(cta % kZ);
   const int64_t rest = cta / kZ;
   const int seg = int(rest % p.max_segments);
@@ -177,38 +175,19 @@ __device__ __forceinline__ void wgmma_item(const KernelParams& p, const TmaParam
   const int chunk_begin = work.chunk_begin, j_begin = work.j_begin, num_chunks = work.num_chunks;
   volatile int* last_segment_flag = reinterpret_cast<volatile int*>(smem + Smem::kFlagsOffset);
 
-  if (threadIdx.x == 0) {
-    if (kOverlap && reinit) {
-#pragma unroll
-      for (int st = 0; st < kStages; ++st) ptx::mbarrier_inval(&full[st]), ptx::mbarrier_inval(&empty[st]);
-    }
+  if (threadIdx.x == 0)
     init_pipeline<kStages>(full, empty, Cfg::kThreads, last_segment_flag, seg == work.nseg - 1);
-  }
   __syncthreads();
 
-  // kOverlap: chunk j's block is read once prep's CTA has flagged it (the flag's acquire, then the
-  // async proxy ordered after it, before the TMA loads).
-  auto wait_ready = [&](int j) {
-    if constexpr (kOverlap) {
-      const int32_t* flag = p.ready + size_t(chunk_begin + j_begin + j) * size_t(p.num_v_heads) + size_t(h);
-      while (kdakit::cuda::ptx::load_acquire_gpu(flag) == 0) __nanosleep(128);
-      kdakit::cuda::ptx::consume_fence();
-    }
-  };
   // NOTE: summaries load neither Qt nor M (no output), nor, for Phi, U0 (zero).
   auto issue_chunk = [&](int j) {
-    wait_ready(j);
     issue_chunk_at<Smem, kStages, !kSummary, !kF16>(smem, full, tma, p, chunk_begin + j_begin, h, v0, j, !phi_run);
   };
   constexpr bool kProducer = kProducerWarp<kValueRows>;
   const bool is_issuer = threadIdx.x == (kProducer ? Cfg::kThreads : 0);
-  if (is_issuer) {
-    if constexpr (kOverlap) {
-      for (int j = 0; j < kStages && j < num_chunks; ++j) wait_ready(j);
-    }
+  if (is_issuer)
     issue_first_chunks<Smem, kStages, !kSummary, !kF16>(smem, full, tma, p, chunk_begin + j_begin, h, v0, num_chunks,
                                                         !phi_run);
-  }
   if constexpr (kProducer) {
     if (threadIdx.x >= Cfg::kThreads) {  // the producer warp: refills only
       if (is_issuer) {
@@ -487,40 +466,10 @@ __device__ __forceinline__ void wgmma_item(const KernelParams& p, const TmaParam
   }
 }
 
-// kOverlap (recurrence only; dispatch.cu, overlap): the grid runs beside the prep grid, and each
-// chunk block is loaded only once prep has flagged it (KernelParams::ready). The grid is at most
-// min(32, SMs / 4) CTAs, each taking (sequence, head, slice) items in grid order (longest
-// sequence first for packed batches) from a counter in the workspace until none is left. Launched
-// as the primary of a programmatic dependent launch, it lets the prep grid start once its own CTAs
-// are resident. kPhiFragments (summaries only; KernelParams::phi_fragments): Phi leaves as mma B
-// fragments. Both are instantiations of their own, so that the default kernels compile to the
-// code they had before them.
-template <int kValueRows, bool kSummary, bool kF16, bool kOverlap, bool kPhiFragments>
-__global__ void __launch_bounds__(kCtaThreads<kValueRows>, 1)
-    kda_prefill_recurrence_wgmma_sm90_kernel(const __grid_constant__ KernelParams p, const __grid_constant__ TmaParams tma) {
-  if constexpr (!kOverlap) {
-    wgmma_item<kValueRows, kSummary, kF16, kOverlap, kPhiFragments>(p, tma, -1, false);
-  } else {
-    kdakit::cuda::ptx::griddep_launch_dependents();
-    using Smem = typename Config<kValueRows>::SharedMemoryPlan;
-    extern __shared__ uint8_t smem_raw[];
-    uint8_t* smem = smem_raw + ((1024u - (ptx::smem_addr(smem_raw) & 1023u)) & 1023u);
-    volatile int* item_slot = reinterpret_cast<volatile int*>(smem + Smem::kFlagsOffset + 8);
-    for (bool reinit = false;; reinit = true) {
-      __syncthreads();  // every thread (the producer warp too) is done with the previous item
-      if (threadIdx.x == 0) *item_slot = atomicAdd(p.work_counter, 1);
-      __syncthreads();
-      const int item = *item_slot;
-      if (item >= p.num_items) return;
-      wgmma_item<kValueRows, kSummary, kF16, kOverlap, kPhiFragments>(p, tma, item, reinit);
-    }
-  }
-}
-
-template <int kValueRows, bool kSummary, bool kF16, bool kOverlap, bool kPhiFragments>
+template <int kValueRows, bool kSummary, bool kF16, bool kPhiFragments>
 Status launch_wgmma(const KernelParams& kp, const TmaParams& tma, int64_t num_ctas, cudaStream_t stream) {
   using Smem = typename Config<kValueRows>::SharedMemoryPlan;
-  auto kernel = kda_prefill_recurrence_wgmma_sm90_kernel<kValueRows, kSummary, kF16, kOverlap, kPhiFragments>;
+  auto kernel = kda_prefill_recurrence_wgmma_sm90_kernel<kValueRows, kSummary, kF16, kPhiFragments>;
   static kdakit::cuda::PerDeviceOnce attr_once;  // per function and device (common/device_setup.cuh)
   cudaError_t err = kdakit::cuda::set_up_once_per_device(attr_once, [&] {
     return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(Smem::kAllocBytes));

@@ -2,5 +2,5 @@
 #include "cuda/sm90/prefill/prep/kernel.cuh"
 
 namespace kdakit::sm90::prefill::prep {
-template Status launch_prep_kernel<GateMode::kLowerBound, true>(const PrepParams&, int64_t, cudaStream_t, bool);
+template Status launch_prep_kernel<GateMode::kLowerBound, true>(const PrepParams&, int64_t, cudaStream_t);
 }  // namespace kdakit::sm90::prefill::prep

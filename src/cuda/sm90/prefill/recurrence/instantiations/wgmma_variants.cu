@@ -1,16 +1,11 @@
-// The opt-in variants of the wgmma kernel (64 and 128 value rows per CTA, bf16 and fp16 chunk
-// blocks; wgmma.cuh): the recurrence of an overlapped call, which runs beside the prep grid and
-// reads each chunk block once prep has flagged it (kOverlap; dispatch.cu, overlap), and the
-// summary pass writing Phi as mma B fragments for the direct combine kernel (kPhiFragments).
+// The opt-in variant of the wgmma kernel (64 and 128 value rows per CTA, bf16 and fp16 chunk
+// blocks; wgmma.cuh): the summary pass writing Phi as mma B fragments for the direct combine
+// kernel (kPhiFragments).
 #include "cuda/sm90/prefill/recurrence/wgmma.cuh"
 
 namespace kdakit::sm90::prefill::recurrence {
-template Status launch_wgmma<64, false, false, true>(const KernelParams&, const TmaParams&, int64_t, cudaStream_t);
-template Status launch_wgmma<128, false, false, true>(const KernelParams&, const TmaParams&, int64_t, cudaStream_t);
-template Status launch_wgmma<64, false, true, true>(const KernelParams&, const TmaParams&, int64_t, cudaStream_t);
-template Status launch_wgmma<128, false, true, true>(const KernelParams&, const TmaParams&, int64_t, cudaStream_t);
-template Status launch_wgmma<64, true, false, false, true>(const KernelParams&, const TmaParams&, int64_t, cudaStream_t);
-template Status launch_wgmma<128, true, false, false, true>(const KernelParams&, const TmaParams&, int64_t, cudaStream_t);
-template Status launch_wgmma<64, true, true, false, true>(const KernelParams&, const TmaParams&, int64_t, cudaStream_t);
-template Status launch_wgmma<128, true, true, false, true>(const KernelParams&, const TmaParams&, int64_t, cudaStream_t);
+template Status launch_wgmma<64, true, false, true>(const KernelParams&, const TmaParams&, int64_t, cudaStream_t);
+template Status launch_wgmma<128, true, false, true>(const KernelParams&, const TmaParams&, int64_t, cudaStream_t);
+template Status launch_wgmma<64, true, true, true>(const KernelParams&, const TmaParams&, int64_t, cudaStream_t);
+template Status launch_wgmma<128, true, true, true>(const KernelParams&, const TmaParams&, int64_t, cudaStream_t);
 }  // namespace kdakit::sm90::prefill::recurrence
