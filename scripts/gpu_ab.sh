@@ -5,8 +5,8 @@
 # KDAKIT_STAGE_NAME=main) and carry .carry/gpu.tar.xz, .carry/main.tar.xz and this script.
 # Usage: scripts/gpu_ab.sh [rounds (2)] [bench cases (the rows below)]; KDAKIT_AB_NCU=1 adds a
 # profile of both builds' prep kernel (below). KDAKIT_AB_ENVS="label:VAR=value,VAR=value ..."
-# also times this build under each set of variables (the opt-in variants: e.g.
-# "direct:KDAKIT_PREFILL_COMBINE=direct planbyprep:KDAKIT_PREFILL_PLAN=prep"), in the same
+# also times this build under each set of variables (the variants: e.g.
+# "whole:KDAKIT_PREFILL_COMBINE=whole plankernel:KDAKIT_PREFILL_PLAN=kernel"), in the same
 # rounds; the table then has a column per label after main's and this build's. Without a staged
 # main build (.carry/main.tar.xz) the rounds time this build and its variants only.
 # KDAKIT_AB_PEERS=1 times the peers (FLA, FlashKDA, each when importable) beside this build's

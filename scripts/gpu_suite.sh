@@ -91,22 +91,14 @@ if [ "$run_tests" = 1 ]; then
     done
   done
   grep -h "o vs whole" "$out/logs/prefill_gpu_test.log" | tee -a "$summary"
-  # Session 28's opt-in variants (off by default until an H200 run times them): the combine
-  # kernel that loads Phi's fragments into registers (KDAKIT_PREFILL_COMBINE=direct) and the prep
-  # kernel writing a fixed batch's or a packed single sequence's plan (KDAKIT_PREFILL_PLAN=prep), together on every
-  # two-kernel case with segments of 2 chunks, then under the sanitizers.
-  for t in prefill_gpu_test prefill_pool_gpu_test; do
-    log="$out/logs/${t}_direct_combine_fixed_plan.log"
-    KDAKIT_PREFILL_PATH=chunked KDAKIT_PREFILL_SEGMENTS=2 KDAKIT_PREFILL_COMBINE=direct KDAKIT_PREFILL_PLAN=prep \
-      timeout 300 "$stage/bin/$t" --gtest_brief=1 --gtest_filter='-*PrefillSegmentsGpu*' >"$log" 2>&1
-    echo "gtest $t[segments 2, direct combine, fixed plan by prep] rc=$? $(grep -E '^\[  (PASSED|FAILED|SKIPPED) ' "$log" | tr -s ' ' | tr '\n' ' ')" | tee -a "$summary"
-    grep -E '^\[  FAILED  \].*\(' "$log" | head -3
-  done
+  # The prep kernel writing a fixed batch's or a packed single sequence's plan (the default; the
+  # segments-of-2 pass above runs it on every two-kernel case) with segments of 2 chunks under the
+  # sanitizers.
   for tool in memcheck racecheck; do
-    KDAKIT_PREFILL_PATH=chunked KDAKIT_PREFILL_SEGMENTS=2 KDAKIT_PREFILL_COMBINE=direct KDAKIT_PREFILL_PLAN=prep \
-      timeout 180 compute-sanitizer --tool $tool "$stage/bin/prefill_gpu_test" \
-      --gtest_filter='*long_packed_softplus*:*long_fixed_gva*:*PrefillPlanByPrepGpu*' >"$out/logs/${tool}_direct_combine.log" 2>&1
-    echo "$tool direct combine, fixed plan rc=$? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$out/logs/${tool}_direct_combine.log" | tr '\n' ' ')" | tee -a "$summary"
+    KDAKIT_PREFILL_PATH=chunked KDAKIT_PREFILL_SEGMENTS=2 timeout 180 compute-sanitizer --tool $tool \
+      "$stage/bin/prefill_gpu_test" --gtest_filter='*long_packed_softplus*:*long_fixed_gva*:*PrefillPlanByPrepGpu*' \
+      >"$out/logs/${tool}_segments2_plan_by_prep.log" 2>&1
+    echo "$tool segments 2, plan by prep rc=$? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$out/logs/${tool}_segments2_plan_by_prep.log" | tr '\n' ' ')" | tee -a "$summary"
   done
   # 64-row recurrence CTAs (the wgmma kernel with one warpgroup) forced on every two-kernel
   # case, whole sequences (the cost model picks 128 rows for most of them), then the sanitizers

@@ -16,7 +16,6 @@
 
 #include "api/metadata_checks.h"
 #include "cuda/sm90/prefill/dispatch.h"
-#include "cuda/sm90/prefill/recurrence/launch.h"
 #include "cuda/sm90/prefill/workspace.h"
 #include "kdakit/kdakit.h"
 
@@ -104,49 +103,10 @@ TEST(PlanWorkspaceSize, SegmentSlotsAreDistinctAndInsideTheArea) {
   }
 }
 
-// Phi's fragment image (workspace.h, phi_fragment_offset): every element of the 128 x 128 matrix
-// at its own bf16 slot of the 32 KB array, and each 16-byte record what ldmatrix.x4.trans hands
-// lane t of warp w at k-step ks when the lanes address the other image as the split combine
-// kernel does (rows 16 ks + l % 8 + 8 ((l / 8) % 2), columns 16 w + 8 (l / 16)): register i holds
-// rows 16 ks + 8 (i % 2) + 2 (t % 4) + {0, 1} of column 16 w + 8 (i / 2) + t / 4, the mma B
-// fragments of key tiles 2 w, 2 w + 1.
-TEST(PlanLayout, PhiFragmentImageIsTheMmaBFragments) {
-  namespace pf = sm90::prefill;
-  constexpr int kDim = pf::kHeadDim;
-  std::vector<int> owner(size_t(kDim) * kDim, -1);
-  for (int k = 0; k < kDim; ++k) {
-    for (int n = 0; n < kDim; ++n) {
-      const uint32_t off = pf::phi_fragment_offset(k, n);
-      ASSERT_EQ(off % 2, 0u) << k << ", " << n;
-      ASSERT_LT(off, uint32_t(kDim * kDim * 2)) << k << ", " << n;
-      int& o = owner[off / 2];
-      EXPECT_EQ(o, -1) << "(" << k << ", " << n << ") and element " << o << " share a slot";
-      o = k * kDim + n;
-    }
-  }
-  for (int w = 0; w < kDim / 16; ++w) {
-    for (int ks = 0; ks < kDim / 16; ++ks) {
-      for (int t = 0; t < 32; ++t) {
-        for (int i = 0; i < 4; ++i) {
-          for (int h = 0; h < 2; ++h) {
-            const int k = 16 * ks + 8 * (i % 2) + 2 * (t % 4) + h;
-            const int n = 16 * w + 8 * (i / 2) + t / 4;
-            const uint32_t record = uint32_t((w * (kDim / 16) + ks) * 32 + t);
-            EXPECT_EQ(pf::phi_fragment_offset(k, n), record * 16u + uint32_t(i) * 4u + uint32_t(h) * 2u)
-                << "warp " << w << " k-step " << ks << " lane " << t << " register " << i << " half " << h;
-          }
-        }
-      }
-    }
-  }
-}
-
 #if KDAKIT_WITH_CUDA
-// Session 28's switches (dispatch.h; docs/contract.md, "Plan kernel"), host only: which calls the
-// prep kernel writes the plan of (the default), and the combine launcher refusing a plan whose Phi
-// image is not its kernel's. Nothing launches.
-TEST(PlanSwitches, PlanByPrepAndCombineImage) {
-  namespace pf = sm90::prefill;
+// The plan-by-prep switch (dispatch.h; docs/contract.md, "Plan kernel"), host only: which calls
+// the prep kernel writes the plan of (the default) and which the plan kernel. Nothing launches.
+TEST(PlanSwitches, PlanByPrep) {
   PrefillParams p = batch_fields(8192, 1, 16, nullptr);  // H16, one fixed row of 8K tokens
   p.num_qk_heads = 16;
   p.head_dim_k = p.head_dim_v = 128;
@@ -166,13 +126,6 @@ TEST(PlanSwitches, PlanByPrepAndCombineImage) {
   EXPECT_FALSE(sm90::prefill_plan_by_prep(two)) << "two packed sequences need the plan kernel";
   sm90::set_prefill_plan_by_prep(-1);
   sm90::set_prefill_path(sm90::PrefillPath::kAuto);
-
-  pf::WorkspacePlan segmented = pf::make_workspace_plan(1, 32768, 1, false, 4, 32);
-  const Status direct_on_image = pf::launch_prefill_combine(p, segmented, nullptr, nullptr, pf::CombineKernel::kDirect);
-  EXPECT_EQ(direct_on_image.code(), StatusCode::kInternal) << describe(direct_on_image);
-  segmented.phi_fragments = true;
-  const Status split_on_fragments = pf::launch_prefill_combine(p, segmented, nullptr, nullptr, pf::CombineKernel::kSplit);
-  EXPECT_EQ(split_on_fragments.code(), StatusCode::kInternal) << describe(split_on_fragments);
 }
 
 // The segment switch of the two-kernel path (dispatch.h; docs/contract.md, "Segments"): off by

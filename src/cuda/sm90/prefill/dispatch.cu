@@ -114,24 +114,16 @@ PrefillPath forced_path() { return path_override != PrefillPath::kAuto ? path_ov
 // the whole-sequence path's (o 4.32e-3 vs 4.32e-3, state 3.11e-3 vs 3.10e-3).
 constexpr bool kSegmentsByDefault = true;
 // KDAKIT_PREFILL_COMBINE=whole: the segments' combine pass on the one-CTA-per-head kernel
-// (combine.cu) instead of the cluster-split default; =direct: the cluster split that loads Phi's
-// fragments into registers (session 28; not yet timed on a GPU, so not the default);
-// set_prefill_combine overrides both.
+// (combine.cu) instead of the cluster-split default; set_prefill_combine overrides it.
 int combine_override = -1;
 prefill::CombineKernel combine_kernel() {
   using prefill::CombineKernel;
+  if (combine_override >= 0) return combine_override != 0 ? CombineKernel::kWhole : CombineKernel::kSplit;
   static const CombineKernel env = [] {
     const char* e = std::getenv("KDAKIT_PREFILL_COMBINE");
-    if (e != nullptr && std::strcmp(e, "whole") == 0) return CombineKernel::kWhole;
-    if (e != nullptr && std::strcmp(e, "direct") == 0) return CombineKernel::kDirect;
-    return CombineKernel::kSplit;
+    return e != nullptr && std::strcmp(e, "whole") == 0 ? CombineKernel::kWhole : CombineKernel::kSplit;
   }();
-  switch (combine_override) {
-    case 0: return CombineKernel::kSplit;
-    case 1: return CombineKernel::kWhole;
-    case 2: return CombineKernel::kDirect;
-    default: return env;
-  }
+  return env;
 }
 // On the two-kernel path the prep kernel writes the plan entries of a fixed batch (arithmetic) or
 // of one packed sequence (from cu_seqlens[0], [1]) and no plan kernel runs
@@ -360,7 +352,7 @@ void set_prefill_path(PrefillPath path) { path_override = path; }
 
 namespace {
 // The two-kernel path's choices for a call and the workspace they lay out: segments, the block
-// type, the Phi image, the plan's writer (prefill_workspace_size and run_prefill take the same).
+// type, the plan's writer (prefill_workspace_size and run_prefill take the same).
 struct ChunkedCall {
   prefill::SegmentChoice seg;
   prefill::WorkspacePlan plan;
@@ -370,7 +362,6 @@ ChunkedCall chunked_call(const PrefillParams& p) {
   c.seg = segment_choice(p);
   c.plan = plan_for(p, c.seg.segment_chunks);
   c.plan.f16_block = f16_block(p, c.seg);
-  c.plan.phi_fragments = combine_kernel() == prefill::CombineKernel::kDirect;
   c.plan.plan_by_prep = plan_by_prep(p);
   return c;
 }
@@ -386,7 +377,7 @@ void set_prefill_block(int f16) { block_override = f16 < 0 ? -1 : f16 != 0 ? 1 :
 
 void set_prefill_plan_by_prep(int on) { plan_by_prep_override = on < 0 ? -1 : on != 0 ? 1 : 0; }
 
-void set_prefill_combine(int kernel) { combine_override = kernel < 0 || kernel > 2 ? -1 : kernel; }
+void set_prefill_combine(int whole) { combine_override = whole < 0 ? -1 : whole != 0 ? 1 : 0; }
 
 void set_prefill_segments(int32_t segment_chunks, int rows) {
   segments_override = ForcedSegments{};

@@ -21,12 +21,10 @@ void set_prefill_path(PrefillPath path);
 inline constexpr int32_t kSegmentsModel = -2;
 void set_prefill_segments(int32_t segment_chunks, int rows = 0);
 // The combine pass of segmented prefill: 1 runs the one-CTA-per-head kernel, 0 the cluster-split
-// one (the default), 2 the cluster split that loads Phi into registers (the summaries then write
-// Phi as mma fragments), negatives remove the override (KDAKIT_PREFILL_COMBINE=whole|direct, read
-// once, or the default). The whole-head kernel agrees with the split to fp32 rounding (the split
-// kernel sums its three passes apart), the direct one bit for bit; tests run all three in one
-// process.
-void set_prefill_combine(int kernel);
+// one (the default), negatives remove the override (KDAKIT_PREFILL_COMBINE=whole, read once, or
+// the default). The two agree to fp32 rounding (the split kernel sums its three passes apart);
+// tests run both in one process.
+void set_prefill_combine(int whole);
 // Fixed batches and single packed sequences on the two-kernel path without the plan kernel (the
 // prep kernel writes their plan entries): 1 on (the default), 0 off, negatives remove the override
 // (KDAKIT_PREFILL_PLAN=kernel, read once, turns it off). Results are bit for bit the same either

@@ -94,22 +94,6 @@ struct SegmentLayout {
 };
 inline constexpr size_t kSegmentBytes = SegmentLayout::kBytes;
 
-// The second Phi image (WorkspacePlan::phi_fragments, for the combine kernel that loads Phi
-// straight into registers): each of hi and lo as the mma.m16n8k16 B fragments of the product
-// S^T Phi, in the order the combine's warps read them. Element (row k, column n) of Phi (row k:
-// the key channel the segment starts from, the B operand's k; column n: the product's column)
-// lies in record ((n / 16) * 8 + k / 16) * 32 + lane of 16 bytes (one 128-bit load per lane),
-// lane = 4 (n % 8) + (k % 8) / 2, as register 2 ((n / 8) % 2) + (k % 16) / 8 of it, half k % 2:
-// a warp that owns key tiles 2 w, 2 w + 1 reads records w * 8 .. w * 8 + 7 (one per k-step), and
-// each 16-byte record is the b0, b1 of tile 2 w then of tile 2 w + 1 of one lane, as
-// ldmatrix.x4.trans of the other image hands them out.
-constexpr uint32_t phi_fragment_offset(int k, int n) {
-  const int lane = 4 * (n % 8) + (k % 8) / 2;
-  const int reg = 2 * ((n / 8) % 2) + (k % 16) / 8;
-  const int record = ((n / 16) * 8 + k / 16) * 32 + lane;
-  return uint32_t(record) * 16u + uint32_t(reg) * 4u + uint32_t(k % 2) * 2u;
-}
-
 // Slot of full segment s of a sequence whose chunks start at global chunk c0 (segments of ls
 // chunks; host and device).
 constexpr int64_t segment_slot(int64_t c0, int64_t s, int64_t ls) { return (c0 + s * ls + ls - 1) / ls; }
@@ -146,9 +130,6 @@ struct WorkspacePlan {
   // Qt, W, Kh and M of the chunk blocks as fp16, and no Kh lo (the recurrence's fp16 products,
   // docs/design/20261204-prefill-fp16-recurrence.md); set by the dispatcher. false: bf16, Kh hi + lo.
   bool f16_block;
-  // Phi as mma B fragments (phi_fragment_offset) instead of the ldmatrix image; set by the
-  // dispatcher for the combine kernel that reads it (CombineKernel::kDirect). false: the image.
-  bool phi_fragments;
   // A fixed batch (T > 0) or a packed single sequence (not routed) on the two-kernel path whose
   // plan entries the prep kernel writes (prep/config.h, PrepParams), so that no plan kernel runs
   // (dispatch.cu); set by the dispatcher.

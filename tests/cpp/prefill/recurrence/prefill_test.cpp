@@ -154,7 +154,6 @@ TEST_P(PrefillSegmentsGpu, AccuracyEqualsWholeSequences) {
   SCOPED_TRACE(c.name + ", " + rng.trace());
   PrefillTensors model = make_prefill_tensors(c, rng);
   PrefillTensors again = model, short_segs = model, short_whole_combine = model, whole = model, ref = model;
-  PrefillTensors short_direct_combine = model;
   PrefillTensors whole_bf16 = model;
 
   // the segment length each run takes (the dispatcher's choice for these sizes)
@@ -173,10 +172,6 @@ TEST_P(PrefillSegmentsGpu, AccuracyEqualsWholeSequences) {
   // rows over a cluster and sums its three passes apart: the same products, fp32 rounding apart)
   sm90::set_prefill_combine(1);
   const Status st_short_whole_combine = run_prefill_on_gpu(c, short_whole_combine);
-  // and through the split kernel that loads Phi's fragments into registers (the summaries write
-  // the fragment image): the same products in the same order
-  sm90::set_prefill_combine(2);
-  const Status st_short_direct_combine = run_prefill_on_gpu(c, short_direct_combine);
   sm90::set_prefill_combine(-1);
   sm90::set_prefill_segments(0);
   const int32_t ls_whole = sm90::prefill_segment_chunks(sizes);
@@ -193,8 +188,7 @@ TEST_P(PrefillSegmentsGpu, AccuracyEqualsWholeSequences) {
   EXPECT_FALSE(f16_short) << "32-row recurrence CTAs read bf16 blocks";
   sm90::set_prefill_segments(-1);
   sm90::set_prefill_path(sm90::PrefillPath::kAuto);
-  for (const Status* st :
-       {&st_model, &st_again, &st_short, &st_short_whole_combine, &st_short_direct_combine, &st_whole, &st_whole_bf16})
+  for (const Status* st : {&st_model, &st_again, &st_short, &st_short_whole_combine, &st_whole, &st_whole_bf16})
     ASSERT_TRUE(st->ok()) << st->message();
   ASSERT_TRUE(run_reference_fp32_output(c, ref).ok());
 
@@ -269,14 +263,6 @@ TEST_P(PrefillSegmentsGpu, AccuracyEqualsWholeSequences) {
     EXPECT_LE(relative_l2(short_whole_combine.chunk_states, short_segs.chunk_states).rel_l2, 1e-5)
         << "chunk states (whole-head combine)";
   }
-  // The direct combine kernel: bit for bit the split one's (a wrong fragment image or a stale
-  // register step would not be)
-  EXPECT_TRUE(bitwise_equal("o (direct combine)", short_direct_combine.o, short_segs.o));
-  EXPECT_TRUE(bitwise_equal("final state (direct combine)", final_state_of(c, short_direct_combine),
-                            final_state_of(c, short_segs)));
-  if (short_segs.chunk_states.defined())
-    EXPECT_TRUE(bitwise_equal("chunk states (direct combine)", short_direct_combine.chunk_states,
-                              short_segs.chunk_states));
   EXPECT_TRUE(bitwise_equal("o (second run)", again.o, model.o));
   EXPECT_TRUE(bitwise_equal("final state (second run)", final_state_of(c, again), final_state_of(c, model)));
   if (model.chunk_states.defined())

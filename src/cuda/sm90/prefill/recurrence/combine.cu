@@ -33,7 +33,6 @@
 #include <string>
 
 #include "cuda/common/device_setup.cuh"
-#include "cuda/common/dtype.cuh"
 #include "cuda/sm90/prefill/common/ptx.cuh"
 #include "cuda/sm90/prefill/common/state_io.cuh"
 #include "cuda/sm90/prefill/recurrence/launch.h"
@@ -193,37 +192,12 @@ static_assert(kWarps * kSplitTiles * 8 == kHeadDim, "the warps' tiles cover the 
 static_assert(kExchangeOffset % 16 == 0, "the exchange buffer is read as 16-byte vectors");
 static_assert(kSplitAllocBytes <= 227 * 1024, "the split kernel's shared memory fits an SM");
 
-// The direct variant's shared memory: the exchange buffer alone (Phi goes to registers).
-constexpr size_t kDirectAllocBytes = kExchangeBytes + 128;
-
-// This lane's B fragments of Phi_s for the warp's key tiles, every k-step, hi and lo, from the
-// fragment image (workspace.h, phi_fragment_offset): 16 coalesced 128-bit streaming loads (each
-// record is read once per CTA; common/dtype.cuh, detail::ld_cs). Coherent loads, not the non-coherent
-// path: slot(n, 0)'s Phi area is overwritten with S_0 within the kernel (after the cluster barrier
-// that follows these loads' use).
-__device__ __forceinline__ void load_phi_fragments(uint4 (&f)[kWarps][2], const uint8_t* area, int warp, int lane) {
-  const uint4* hi = reinterpret_cast<const uint4*>(area + SegmentLayout::kPhiHiOffset) + size_t(warp) * kWarps * 32 + lane;
-  const uint4* lo = reinterpret_cast<const uint4*>(area + SegmentLayout::kPhiLoOffset) + size_t(warp) * kWarps * 32 + lane;
-  #pragma unroll
-  for (int ks = 0; ks < kWarps; ++ks) {
-    f[ks][0] = kdakit::cuda::detail::ld_cs(hi + ks * 32);
-    f[ks][1] = kdakit::cuda::detail::ld_cs(lo + ks * 32);
-  }
-}
-
-// kDirect = false: Phi_s by bulk copy into shared memory (three buffers), B fragments by
-// ldmatrix.trans of the image. kDirect = true (WorkspacePlan::phi_fragments): each warp loads its
-// B fragments from the fragment image straight into registers, one step ahead; shared memory
-// carries only the A exchange (per step and CTA ~136 KB through L1/shared memory instead of
-// ~200 KB: the bulk copy's 64 KB of writes go). The products and their order are the same, so
-// the two agree bit for bit.
-template <bool kDirect>
 __global__ void __launch_bounds__(kThreads, 1)
     kda_prefill_combine_split_sm90_kernel(const __grid_constant__ CombineParams p) {
   extern __shared__ uint8_t smem_raw[];
   uint8_t* smem = smem_raw + ((128u - (ptx::smem_addr(smem_raw) & 127u)) & 127u);
   uint64_t* full = reinterpret_cast<uint64_t*>(smem + kSplitBarrierOffset);
-  uint32_t* exchange = reinterpret_cast<uint32_t*>(smem + (kDirect ? 0 : kExchangeOffset));
+  uint32_t* exchange = reinterpret_cast<uint32_t*>(smem + kExchangeOffset);
 
   const int HV = p.num_v_heads;
   const int rb = int(blockIdx.x % unsigned(kRowBlocks));  // the cluster's CTAs are consecutive
@@ -236,15 +210,13 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int full_segments = chain.nseg - 1;
   auto area = [&](int s) { return segment_area(p, chain, h, s); };
   auto issue = [&](int s) { issue_phi(smem, full, area(s), s % kSplitBuffers); };
-  if constexpr (!kDirect) {
-    if (threadIdx.x == 0) {
-      for (int b = 0; b < kSplitBuffers; ++b) ptx::mbarrier_init(&full[b], 1);
-      ptx::fence_barrier_init();
-    }
-    __syncthreads();
-    if (threadIdx.x == 0) {
-      for (int s = 0; s < kSplitBuffers && s < full_segments; ++s) issue(s);
-    }
+  if (threadIdx.x == 0) {
+    for (int b = 0; b < kSplitBuffers; ++b) ptx::mbarrier_init(&full[b], 1);
+    ptx::fence_barrier_init();
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < kSplitBuffers && s < full_segments; ++s) issue(s);
   }
 
   const int warp = threadIdx.x / 32;
@@ -256,11 +228,6 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int ldt_row = (lane % 8) + 8 * ((lane / 8) % 2);
   const int ldt_chunk = lane / 16;
 
-  // kDirect: Phi_s's fragments (frag) and Phi_{s+1}'s (frag_next, in flight during step s)
-  uint4 frag[kWarps][2], frag_next[kWarps][2];
-  if constexpr (kDirect) {
-    load_phi_fragments(frag_next, area(0), warp, lane);
-  }
   float state[kSplitTiles][4];
   common::load_initial_state(state, p, n, h, vrow, quad, tile0);
 
@@ -295,11 +262,6 @@ __global__ void __launch_bounds__(kThreads, 1)
       common::load_state(psi_next, area(s + 2) + SegmentLayout::kPsiOffset, vrow, quad,
                          common::segment_state_view(), tile0);
     }
-    if constexpr (kDirect) {
-      #pragma unroll
-      for (int ks = 0; ks < kWarps; ++ks) frag[ks][0] = frag_next[ks][0], frag[ks][1] = frag_next[ks][1];
-      if (s + 1 < full_segments) load_phi_fragments(frag_next, area(s + 1), warp, lane);
-    }
 
     // This warp's tiles are the A fragment of k-step `warp`: publish it (hi, lo), then read all.
     {
@@ -311,18 +273,10 @@ __global__ void __launch_bounds__(kThreads, 1)
       exchange4[(warp * 2) * 32 + lane] = hi;
       exchange4[(warp * 2 + 1) * 32 + lane] = lo;
     }
-    if constexpr (!kDirect) ptx::mbarrier_wait(&full[b], phase);
+    ptx::mbarrier_wait(&full[b], phase);
     if (s == 0) {
-      // Phi_0 is in every CTA's shared memory (kDirect: registers) once the whole cluster is past
-      // this barrier: its global copy becomes segment 0's start state. (kDirect: the loads are
-      // this thread's, before the barrier's release.)
-      if constexpr (kDirect) {
-        #pragma unroll
-        for (int ks = 0; ks < kWarps; ++ks) {
-          asm volatile("" ::"r"(frag[ks][0].x), "r"(frag[ks][0].y), "r"(frag[ks][0].z), "r"(frag[ks][0].w),
-                       "r"(frag[ks][1].x), "r"(frag[ks][1].y), "r"(frag[ks][1].z), "r"(frag[ks][1].w));
-        }
-      }
+      // Phi_0 is in every CTA's shared memory once the whole cluster is past this barrier: its
+      // global copy becomes segment 0's start state.
       ptx::cluster_sync();
       common::store_state(state, seg + SegmentLayout::kPhiHiOffset, vrow, quad, common::segment_state_view(), tile0);
     } else {
@@ -338,13 +292,8 @@ __global__ void __launch_bounds__(kThreads, 1)
       const uint32_t a_hi[4] = {fh.x, fh.y, fh.z, fh.w};
       const uint32_t a_lo[4] = {fl.x, fl.y, fl.z, fl.w};
       uint32_t bh[4], bl[4];
-      if constexpr (kDirect) {
-        bh[0] = frag[ks][0].x, bh[1] = frag[ks][0].y, bh[2] = frag[ks][0].z, bh[3] = frag[ks][0].w;
-        bl[0] = frag[ks][1].x, bl[1] = frag[ks][1].y, bl[2] = frag[ks][1].z, bl[3] = frag[ks][1].w;
-      } else {
-        ptx::ldmatrix_x4_trans(bh, phi_addr(hi_base, 16 * ks + ldt_row, 2 * warp + ldt_chunk));
-        ptx::ldmatrix_x4_trans(bl, phi_addr(lo_base, 16 * ks + ldt_row, 2 * warp + ldt_chunk));
-      }
+      ptx::ldmatrix_x4_trans(bh, phi_addr(hi_base, 16 * ks + ldt_row, 2 * warp + ldt_chunk));
+      ptx::ldmatrix_x4_trans(bl, phi_addr(lo_base, 16 * ks + ldt_row, 2 * warp + ldt_chunk));
       ptx::mma_bf16_16816(acc_lh[0], a_lo, bh[0], bh[1]);
       ptx::mma_bf16_16816(acc_lh[1], a_lo, bh[2], bh[3]);
       ptx::mma_bf16_16816(acc_hl[0], a_hi, bl[0], bl[1]);
@@ -359,7 +308,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     // every warp has read buffer b and the exchange buffer: refill b with Phi_{s+3}
     __syncthreads();
-    if (!kDirect && threadIdx.x == 0 && s + kSplitBuffers < full_segments) {
+    if (threadIdx.x == 0 && s + kSplitBuffers < full_segments) {
       ptx::fence_proxy_async_shared();
       issue(s + kSplitBuffers);
     }
@@ -384,8 +333,6 @@ Status launch_prefill_combine(const PrefillParams& p, const WorkspacePlan& plan,
   using namespace combine;
   if (plan.segment_chunks <= 0) return Status(StatusCode::kInternal, "combine: the plan has no segments");
   const bool whole = kernel == CombineKernel::kWhole;
-  if (plan.phi_fragments != (kernel == CombineKernel::kDirect))
-    return Status(StatusCode::kInternal, "combine: the plan's Phi image is not the one this combine kernel reads");
   if (p.num_seqs == 0) return Status::Ok();
   uint8_t* ws = static_cast<uint8_t*>(workspace);
   CombineParams cp{};
@@ -414,18 +361,16 @@ Status launch_prefill_combine(const PrefillParams& p, const WorkspacePlan& plan,
       err = cudaGetLastError();
     }
   } else {
-    const bool direct = kernel == CombineKernel::kDirect;
-    auto* split_kernel = direct ? kda_prefill_combine_split_sm90_kernel<true> : kda_prefill_combine_split_sm90_kernel<false>;
-    const size_t smem_bytes = direct ? kDirectAllocBytes : kSplitAllocBytes;
-    static kdakit::cuda::PerDeviceOnce split_attr_once, direct_attr_once;
-    err = kdakit::cuda::set_up_once_per_device(direct ? direct_attr_once : split_attr_once, [&] {
-      return cudaFuncSetAttribute(split_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem_bytes));
+    static kdakit::cuda::PerDeviceOnce split_attr_once;
+    err = kdakit::cuda::set_up_once_per_device(split_attr_once, [] {
+      return cudaFuncSetAttribute(kda_prefill_combine_split_sm90_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                  int(kSplitAllocBytes));
     });
     if (err == cudaSuccess) {
       cudaLaunchConfig_t config{};
       config.gridDim = dim3(unsigned(pairs * kRowBlocks));
       config.blockDim = dim3(kThreads);
-      config.dynamicSmemBytes = smem_bytes;
+      config.dynamicSmemBytes = kSplitAllocBytes;
       config.stream = stream;
       cudaLaunchAttribute cluster{};
       cluster.id = cudaLaunchAttributeClusterDimension;
@@ -434,14 +379,12 @@ Status launch_prefill_combine(const PrefillParams& p, const WorkspacePlan& plan,
       cluster.val.clusterDim.z = 1;
       config.attrs = &cluster;
       config.numAttrs = 1;
-      err = cudaLaunchKernelEx(&config, split_kernel, cp);
+      err = cudaLaunchKernelEx(&config, kda_prefill_combine_split_sm90_kernel, cp);
     }
   }
   if (err != cudaSuccess) {
     return Status(StatusCode::kCudaError, std::string(whole ? "kda_prefill_combine_sm90_kernel: "
-                                                            : kernel == CombineKernel::kDirect
-                                                                ? "kda_prefill_combine_split_sm90_kernel<direct>: "
-                                                                : "kda_prefill_combine_split_sm90_kernel: ") +
+                                                            : "kda_prefill_combine_split_sm90_kernel: ") +
                                               cudaGetErrorString(err));
   }
   return Status::Ok();

@@ -91,7 +91,6 @@ struct KernelParams : common::StateParams {
   int64_t num_segment_slots;
   int32_t segment_chunks;
   int32_t max_segments;           // grid extent of the segment index
-  bool phi_fragments;             // summaries write Phi as mma B fragments (WorkspacePlan::phi_fragments)
 };
 
 // The sequence of launch rank i (the grid has the sequence slowest): the plan's seq_order, so
@@ -555,9 +554,8 @@ inline Status cuda_status(cudaError_t err, const char* what, int line) {
 }
 
 // The wgmma version of the 64- and 128-row recurrence and summary pass (wgmma.cuh,
-// instantiations/wgmma_*.cu); kF16: on an fp16 block (WorkspacePlan::f16_block); kPhiFragments:
-// summaries writing Phi as mma fragments (WorkspacePlan::phi_fragments).
-template <int kValueRows, bool kSummary, bool kF16, bool kPhiFragments = false>
+// instantiations/wgmma_*.cu); kF16: on an fp16 block (WorkspacePlan::f16_block).
+template <int kValueRows, bool kSummary, bool kF16>
 Status launch_wgmma(const KernelParams& kp, const TmaParams& tma, int64_t num_ctas, cudaStream_t stream);
 
 }  // namespace kdakit::sm90::prefill::recurrence
@@ -636,7 +634,6 @@ Status launch(const PrefillParams& p, const WorkspacePlan& plan, const void* wor
   kp.num_segment_slots = plan.num_segment_slots;
   kp.segment_chunks = plan.segment_chunks;
   kp.max_segments = plan.segment_chunks > 0 ? plan.max_segments : 1;
-  kp.phi_fragments = plan.phi_fragments;
   if (kSummary && plan.segment_chunks <= 0) return Status(StatusCode::kInternal, "recurrence: summaries without segments");
 
   const int64_t num_ctas = p.num_seqs * p.num_v_heads * kp.max_segments * Cfg::kSlices * (kSummary ? 2 : 1);
@@ -644,12 +641,6 @@ Status launch(const PrefillParams& p, const WorkspacePlan& plan, const void* wor
     return Status(StatusCode::kUnsupported, "recurrence: N * HV * segments * slices must stay below 2^31, got " +
                                                 std::to_string(num_ctas));
   if constexpr (kValueRows == 64 || kValueRows == 128) {
-    if constexpr (kSummary) {
-      if (plan.phi_fragments) {
-        return f16 ? launch_wgmma<kValueRows, true, true, true>(kp, tma, num_ctas, stream)
-                   : launch_wgmma<kValueRows, true, false, true>(kp, tma, num_ctas, stream);
-      }
-    }
     return f16 ? launch_wgmma<kValueRows, kSummary, true>(kp, tma, num_ctas, stream)
                : launch_wgmma<kValueRows, kSummary, false>(kp, tma, num_ctas, stream);
   } else {

@@ -27,11 +27,9 @@ Status launch_prefill_recurrence(const PrefillParams& p, const WorkspacePlan& pl
 template <int kValueRows>
 Status launch_prefill_summaries(const PrefillParams& p, const WorkspacePlan& plan, const void* workspace,
                                 cudaStream_t stream);
-// Which combine kernel runs (combine.cu): the cluster split with Phi through shared memory (the
-// default), the one-CTA-per-head kernel (agrees with it to fp32 rounding), or the cluster split
-// that loads Phi's B fragments into registers (bit for bit the split's results; it needs the plan's
-// fragment image, WorkspacePlan::phi_fragments, and the others the ldmatrix image).
-enum class CombineKernel { kSplit, kWhole, kDirect };
+// Which combine kernel runs (combine.cu): the cluster split (the default), or the one-CTA-per-head
+// kernel (agrees with it to fp32 rounding).
+enum class CombineKernel { kSplit, kWhole };
 Status launch_prefill_combine(const PrefillParams& p, const WorkspacePlan& plan, void* workspace,
                               cudaStream_t stream, CombineKernel kernel = CombineKernel::kSplit);
 

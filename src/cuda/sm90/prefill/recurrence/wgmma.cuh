@@ -135,12 +135,9 @@ __device__ __forceinline__ void rescale_rows(float (&s)[16][4], float (&u)[32], 
   scale_acc_rows(u, fu);
 }
 
-// kPhiFragments (summaries only; KernelParams::phi_fragments): Phi leaves as mma B fragments. An
-// instantiation of its own, so that the default kernels compile to the code they had before it.
-template <int kValueRows, bool kSummary, bool kF16, bool kPhiFragments>
+template <int kValueRows, bool kSummary, bool kF16>
 __global__ void __launch_bounds__(kCtaThreads<kValueRows>, 1)
     kda_prefill_recurrence_wgmma_sm90_kernel(const __grid_constant__ KernelParams p, const __grid_constant__ TmaParams tma) {
-  static_assert(!kPhiFragments || kSummary, "only summaries write Phi");
   using Cfg = Config<kValueRows>;
   using Smem = typename Cfg::SharedMemoryPlan;
   constexpr int kStages = Cfg::kStages;
@@ -428,30 +425,13 @@ __global__ void __launch_bounds__(kCtaThreads<kValueRows>, 1)
     if (!phi_run) {
       store_state(state4, area + SegmentLayout::kPsiOffset, vrow, t, common::segment_state_view());
     } else {
-      // bf16 hi + lo as the combine kernel reads them: the ldmatrix image (phi_offset), or with
-      // phi_fragments the mma B-fragment image (phi_fragment_offset). That one pairs rows k,
-      // k + 1 (k even) of one column, and rows vrow, vrow + 1 sit in lanes 4 apart (vrow's parity
-      // is g's): the even lane writes column n0 = 8 j + 2 t of its row and the next, the odd lane
-      // column n0 + 1 of the row before and its own, after one exchange of the packed words.
-      [[maybe_unused]] const bool odd = (g & 1) != 0;
 #pragma unroll
       for (int j = 0; j < 16; ++j) {
 #pragma unroll
         for (int half = 0; half < 2; ++half) {
           uint32_t hi, lo;
           ptx::split_bf16(state4[j][2 * half], state4[j][2 * half + 1], hi, lo);
-          uint32_t off;
-          if constexpr (!kPhiFragments) {
-            off = phi_offset(vrow + 8 * half, 8 * j + 2 * t);
-          } else {
-            const uint32_t hi_p = __shfl_xor_sync(0xffffffffu, hi, 4);
-            const uint32_t lo_p = __shfl_xor_sync(0xffffffffu, lo, 4);
-            // even: (own n0, partner's n0); odd: (partner's n0 + 1, own n0 + 1)
-            const uint32_t sel = odd ? 0x7632u : 0x5410u;
-            hi = odd ? __byte_perm(hi_p, hi, sel) : __byte_perm(hi, hi_p, sel);
-            lo = odd ? __byte_perm(lo_p, lo, sel) : __byte_perm(lo, lo_p, sel);
-            off = phi_fragment_offset(vrow + 8 * half - (odd ? 1 : 0), 8 * j + 2 * t + (odd ? 1 : 0));
-          }
+          const uint32_t off = phi_offset(vrow + 8 * half, 8 * j + 2 * t);
           *reinterpret_cast<uint32_t*>(area + SegmentLayout::kPhiHiOffset + off) = hi;
           *reinterpret_cast<uint32_t*>(area + SegmentLayout::kPhiLoOffset + off) = lo;
         }
@@ -466,10 +446,10 @@ __global__ void __launch_bounds__(kCtaThreads<kValueRows>, 1)
   }
 }
 
-template <int kValueRows, bool kSummary, bool kF16, bool kPhiFragments>
+template <int kValueRows, bool kSummary, bool kF16>
 Status launch_wgmma(const KernelParams& kp, const TmaParams& tma, int64_t num_ctas, cudaStream_t stream) {
   using Smem = typename Config<kValueRows>::SharedMemoryPlan;
-  auto kernel = kda_prefill_recurrence_wgmma_sm90_kernel<kValueRows, kSummary, kF16, kPhiFragments>;
+  auto kernel = kda_prefill_recurrence_wgmma_sm90_kernel<kValueRows, kSummary, kF16>;
   static kdakit::cuda::PerDeviceOnce attr_once;  // per function and device (common/device_setup.cuh)
   cudaError_t err = kdakit::cuda::set_up_once_per_device(attr_once, [&] {
     return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(Smem::kAllocBytes));
