@@ -298,8 +298,9 @@ __device__ __forceinline__ void lm_store(const float (&acc0)[4][4], const float 
 // ------------------------------------------------------------------------------------------
 // kExtras: the call's plan entries may be written here (PrepParams::fixed_chunk_offsets, single_cu;
 // the default for a fixed batch or one packed sequence). A separate instantiation, so that the
-// kernel of every other call compiles to the code it had before them (session 28: in one kernel the unused branches
-// rescheduled it, 125 -> 127 registers, and this kernel is sensitive to its code; the NOTE above).
+// kernel of every other call compiles to the code it had before them (session 28: in one kernel
+// the unused branches rescheduled it, 125 -> 127 registers, and this kernel is sensitive to its
+// code; the NOTE above).
 template <GateMode kGate, typename GT, bool kExtras>
 __global__ void __launch_bounds__(kThreads, 2) kda_prefill_prep_sm90_kernel(const __grid_constant__ PrepParams p) {
   using Plan = SharedMemoryPlan;
