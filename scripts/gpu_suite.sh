@@ -7,15 +7,19 @@
 # Usage: scripts/gpu_suite.sh [--no-tests] [--no-bench] [--prefill-only] [--skip TEST_BINARY]...
 # [extra args for the prefill bench]. --prefill-only runs the prefill tests (prep, recurrence, default
 # path, segments, pool, 64-row CTAs, sanitizers, the prep timing) and the prefill benchmark alone. --skip leaves out one test binary (e.g. kdakit_decode_tests, whose ~540 variant
-# cases tests/cpp/decode/run_on_gpu.sh runs) to fit a device call's time limit.
+# cases tests/cpp/decode/run_on_gpu.sh runs) to fit a device call's time limit. --quick runs every
+# test binary once on the default path, memcheck and racecheck on PrefillPlanByPrepGpu, then the
+# prefill benchmark alone (no per-kernel breakdown): one device call's worth when the
+# variant passes are not what changed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out="${OUT:-/tmp/kdakit-gpu}"
 mkdir -p "$out/logs"
-run_tests=1 run_bench=1 prefill_only=0 skip=" "
+run_tests=1 run_bench=1 prefill_only=0 quick=0 skip=" "
 while [ $# -gt 0 ]; do
   case "$1" in
     --prefill-only) prefill_only=1 ;;
+    --quick) quick=1 ;;
     --no-tests) run_tests=0 ;;
     --no-bench) run_bench=0 ;;
     --skip) skip+="$2 "; shift ;;
@@ -50,6 +54,7 @@ if [ "$run_tests" = 1 ]; then
     echo "gtest $name rc=$? $(grep -E '^\[  (PASSED|FAILED|SKIPPED) ' "$out/logs/$name.log" | tr -s ' ' | tr '\n' ' ')" | tee -a "$summary"
     grep -E '^\[  FAILED  \].*\(' "$out/logs/$name.log" | head -5
   done
+  if [ "$quick" = 0 ]; then
   # The fused kernel on every case, with one and with two consumer warpgroups (the dispatcher
   # takes it only for batches of short sequences).
   for c in $([ "$prefill_only" = 1 ] || echo 1 2); do
@@ -77,11 +82,12 @@ if [ "$run_tests" = 1 ]; then
       --gtest_brief=1 >"$out/logs/prefill_pool_gpu_test_${path}_c$c.log" 2>&1
     echo "gtest prefill_pool_gpu_test[$path c$c] rc=$? $(grep -E '^\[  (PASSED|FAILED|SKIPPED) ' "$out/logs/prefill_pool_gpu_test_${path}_c$c.log" | tr -s ' ' | tr '\n' ' ')" | tee -a "$summary"
   done
+  fi
   # Segmented prefill (few heads, long sequences) forced onto every case of the two-kernel
   # path: segments of 2 chunks, of 3 with 32-row recurrence CTAs and 64-row summaries, of 1 with
   # 128-row CTAs (every chunk its own segment). The long-sequence cases (PrefillSegmentsGpu) run
   # in the default pass above under the cost model's choice.
-  for sg in 2 3:32:64 1:128:128; do
+  for sg in $([ "$quick" = 1 ] || echo 2 3:32:64 1:128:128); do
     for t in prefill_gpu_test prefill_pool_gpu_test; do
       log="$out/logs/${t}_segments_${sg//:/_}.log"
       KDAKIT_PREFILL_PATH=chunked KDAKIT_PREFILL_SEGMENTS=$sg timeout 300 "$stage/bin/$t" --gtest_brief=1 \
@@ -94,12 +100,16 @@ if [ "$run_tests" = 1 ]; then
   # The prep kernel writing a fixed batch's or a packed single sequence's plan (the default; the
   # segments-of-2 pass above runs it on every two-kernel case) with segments of 2 chunks under the
   # sanitizers.
+  # (--quick: PrefillPlanByPrepGpu alone, whose cases force their own segments)
+  sanitized='*long_packed_softplus*:*long_fixed_gva*:*PrefillPlanByPrepGpu*'
+  [ "$quick" = 1 ] && sanitized='*PrefillPlanByPrepGpu*'
   for tool in memcheck racecheck; do
     KDAKIT_PREFILL_PATH=chunked KDAKIT_PREFILL_SEGMENTS=2 timeout 180 compute-sanitizer --tool $tool \
-      "$stage/bin/prefill_gpu_test" --gtest_filter='*long_packed_softplus*:*long_fixed_gva*:*PrefillPlanByPrepGpu*' \
+      "$stage/bin/prefill_gpu_test" --gtest_filter="$sanitized" \
       >"$out/logs/${tool}_segments2_plan_by_prep.log" 2>&1
     echo "$tool segments 2, plan by prep rc=$? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$out/logs/${tool}_segments2_plan_by_prep.log" | tr '\n' ' ')" | tee -a "$summary"
   done
+  if [ "$quick" = 0 ]; then
   # 64-row recurrence CTAs (the wgmma kernel with one warpgroup) forced on every two-kernel
   # case, whole sequences (the cost model picks 128 rows for most of them), then the sanitizers
   # on the 128-row wgmma kernel.
@@ -159,6 +169,7 @@ if [ "$run_tests" = 1 ]; then
     --gtest_filter='*padding*:*spec*' >"$out/logs/memcheck_decode.log" 2>&1
   echo "memcheck decode rc=$? $(grep -E 'ERROR SUMMARY' "$out/logs/memcheck_decode.log")" | tee -a "$summary"
   fi
+  fi
 fi
 
 if [ "$run_bench" = 1 ]; then
@@ -172,10 +183,12 @@ if [ "$run_bench" = 1 ]; then
     >"$out/logs/bench_prefill.log" 2>&1
   echo "bench prefill rc=$?" | tee -a "$summary"
   # device time per kernel of one call (prep, summary and recurrence passes, combine, plan)
+  if [ "$quick" = 0 ]; then
   python3 -m kdakit.bench.prefill --kernels --cases H4-T32K,H16-T32K,H96-fixed,H96-1024x8 \
     >"$out/logs/bench_prefill_kernels.log" 2>&1
   echo "bench prefill kernels rc=$?" | tee -a "$summary"
-  if [ "$prefill_only" = 0 ]; then
+  fi
+  if [ "$prefill_only" = 0 ] && [ "$quick" = 0 ]; then
   python3 -m kdakit.bench.prefill --pool --json "$out/prefill_pool.json" \
     >"$out/logs/bench_prefill_pool.log" 2>&1
   echo "bench prefill pool rc=$?" | tee -a "$summary"
