@@ -371,7 +371,7 @@ int32_t prefill_segment_chunks(const PrefillParams& p) { return segment_choice(p
 
 bool prefill_f16_block(const PrefillParams& p) { return f16_block(p, segment_choice(p)); }
 
-bool prefill_plan_by_prep(const PrefillParams& p) { return chunked_call(p).plan.plan_by_prep; }
+bool prefill_plan_by_prep(const PrefillParams& p) { return plan_by_prep(p); }
 
 void set_prefill_block(int f16) { block_override = f16 < 0 ? -1 : f16 != 0 ? 1 : 0; }
 
