@@ -67,9 +67,9 @@
 // loops (the inverse's squaring steps, phase 2's k-steps by 2, phase 5's halves, the wide-span
 // loop by 2) took it to 6,520 and their prep 7% faster, the lower-bound rows unchanged (session
 // 14). The ctest prefill_prep_code_size (tests/cpp/prefill/prep) fails past 6,600 for the
-// lower-bound, bf16-g instantiations (6,368 now, 6,136 in session 23; 6,496 for the kExtras one
-// with session 28's plan writers); the softplus ones run ~24 instructions
-// larger (~190 before their gate lost its select, session 23).
+// lower-bound, bf16-g instantiations (6,336 now, 6,368 before session 31's one-pass phase 1c,
+// 6,136 in session 23; 6,448 for the kExtras one with session 28's plan writers); the softplus
+// ones run ~24 instructions larger (~190 before their gate lost its select, session 23).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -639,18 +639,30 @@ __global__ void __launch_bounds__(kThreads, 2) kda_prefill_prep_sm90_kernel(cons
     // of the first half); their terms are summed per element in phase 3.
     const uint32_t left_out = (mask[((r0 & (kSubBlock - 1)) < kSubBlock / 2 ? kSubBlocks * 4 : 0) + R * 4 + (c0 >> 5)] >>
                                (c0 & 31)) & 0xffu;
-    // Kh (block) and B^(R') for R' >= R (shared), before the A operands overwrite k in place.
-    // NOTE: factors that may exceed 1 (the diagonal tile's) are one exp2 of the summed
-    // exponent: a product E * 2^(span/2) would lose values whose E alone underflows.
+    // One pass over the thread's rows: Kh, Qt (block), B^(R) (shared), Kt, A^M, A^L (shared, in
+    // place over k and q: each thread overwrites only the pieces it copied and reads), then the
+    // B^(R') copies for R' > R.
+    // NOTE: B^(R) and Kh share one exponential per element: t = exp2(a - b2), B^(R) = kn t and
+    // kn F = B^(R) exp2(c_R - a), with a = m_R, or a = c_R (t = F) for a left-out channel, whose
+    // B^(R) entries are then zeroed after the loop (a branch lower-bound gates never take). For a
+    // channel that is not wide both factors stay normal (|m_R - b2| and c_R - m_R are at most
+    // max_span / 2 = 108), so the product flushes only where exp2(c_R - b2) itself would. For the
+    // first-half rows of a wide channel that is not left out (m_R the first half's midpoint),
+    // exp2(c_R - m_R) flushes to zero when c_R - m_R < -126, and with it F of rows b2 < m_R; there
+    // F = exp2(c_R - m_R) exp2(m_R - b2) < 2^(-126 + 108) = 2^-18, so the terms lost (Kh's, and
+    // B^(R')'s against later rows, whose decay is at most F) are below 2^-18 of |k_r kn_s|: the
+    // bound the A operands already keep (kernel header). The two-pass form (two exponentials)
+    // unpacked and scaled k twice and ran ~4 more instructions per element.
+    float kfr[kRowsPerThread][8];  // kn F, F = exp2(c_R - b2) <= 1
     {
-      float kfr[kRowsPerThread][8];  // kn F, F = exp2(c_R - b2) <= 1
-      float kh_fac[8], m_cur[8];
       float* const wide_b2 = wide_b2_scratch(blk);
       uint16_t* const wide_k = wide_k_scratch(blk);
+      float kh_fac[8], a_exp[8], s_fac[8];
 #pragma unroll
       for (int e = 0; e < 8; ++e) {
         kh_fac[e] = fast_exp2(bound[kSubBlocks * kHeadDim + cv + vo(e)] - c_cur[vo(e)]);
-        m_cur[e] = (left_out >> e) & 1u ? -INFINITY : m_row[vo(e)];
+        a_exp[e] = (left_out >> e) & 1u ? c_cur[vo(e)] : m_row[vo(e)];
+        s_fac[e] = fast_exp2(c_cur[vo(e)] - a_exp[e]);  // 2^(-span / 2) (wide: less), or 1 if left out
       }
       // NOTE: the wide channels' scratch rows behind one branch ahead of the rows' loop, not as
       // per-element predicates inside it: predicated, its 64 stores and their conversions were
@@ -675,92 +687,95 @@ __global__ void __launch_bounds__(kThreads, 2) kda_prefill_prep_sm90_kernel(cons
               make_uint2(__byte_perm(*w0, *w1, sel), __byte_perm(*w2, *w3, sel));
         }
       }
+      // Qt and Kt from exp2(b2) <= 1 (one exponential: it flushes to zero where the product
+      // exp2(b2 - c_{R-1}) exp2(c_{R-1}) would, below 2^-126); A^M, A^L from exp2(b2 - m_R),
+      // at most 2^(max_span / 2). The row reference m_R: the sub-block's midpoint, or for a wide
+      // channel the first half's midpoint (its rows' factors are then <= 2^(span0 / 2), the
+      // second half's <= 1) or c_{R-1} when that half too spans more than max_span; the column
+      // operands match.
 #pragma unroll
       for (int j = 0; j < kRowsPerThread; ++j) {
         const int r = r0 + j;
-        float kn[8], kh[8], kd[8];
-        unpack8(*reinterpret_cast<const uint4*>(smem + Plan::kKaOffset + swz(r, ch0)), kn);
-        const float sk = row_k[r];
+        const uint32_t off = swz(r, ch0);
+        float qn[8], kn[8], kd[8], out[8];
+        unpack8(*reinterpret_cast<const uint4*>(smem + Plan::kQaOffset + off), qn);
+        unpack8(*reinterpret_cast<const uint4*>(smem + Plan::kKaOffset + off), kn);
+        const float sq = row_q[r], sk = row_k[r];
 #pragma unroll
         for (int e = 0; e < 8; ++e) {
+          qn[e] *= sq;
           kn[e] *= sk;
-          kfr[j][e] = kn[e] * fast_exp2(c_cur[vo(e)] - b2[j][e]);
-          kh[e] = kfr[j][e] * kh_fac[e];
-          kd[e] = kn[e] * fast_exp2(m_cur[e] - b2[j][e]);  // exp2(m_R - b2) <= 2^(max_span / 2), or 0
+          kd[e] = kn[e] * fast_exp2(a_exp[e] - b2[j][e]);
+          kfr[j][e] = kd[e] * s_fac[e];
+          out[e] = kfr[j][e] * kh_fac[e];
         }
         if (p.f16_block) {  // one fp16 term (11 significant bits) and no Kh lo
-          *reinterpret_cast<uint4*>(blk + Layout::kKhOffset + size_t(r) * 256 + c0 * 2) = pack8_block(kh, true);
+          *reinterpret_cast<uint4*>(blk + Layout::kKhOffset + size_t(r) * 256 + c0 * 2) = pack8_block(out, true);
         } else {
           uint4 kh_hi, kh_lo;
-          kdakit::cuda::split_bf16x2(kh[0], kh[1], kh_hi.x, kh_lo.x);
-          kdakit::cuda::split_bf16x2(kh[2], kh[3], kh_hi.y, kh_lo.y);
-          kdakit::cuda::split_bf16x2(kh[4], kh[5], kh_hi.z, kh_lo.z);
-          kdakit::cuda::split_bf16x2(kh[6], kh[7], kh_hi.w, kh_lo.w);
+          kdakit::cuda::split_bf16x2(out[0], out[1], kh_hi.x, kh_lo.x);
+          kdakit::cuda::split_bf16x2(out[2], out[3], kh_hi.y, kh_lo.y);
+          kdakit::cuda::split_bf16x2(out[4], out[5], kh_hi.z, kh_lo.z);
+          kdakit::cuda::split_bf16x2(out[6], out[7], kh_hi.w, kh_lo.w);
           *reinterpret_cast<uint4*>(blk + Layout::kKhOffset + size_t(r) * 256 + c0 * 2) = kh_hi;
           *reinterpret_cast<uint4*>(blk + Layout::kKhLoOffset + size_t(r) * 256 + c0 * 2) = kh_lo;
         }
         *reinterpret_cast<uint4*>(smem + Plan::kKbOffset + swz(kb_row_offset(R) + r, ch0)) = pack8(kd);
+        float fq[8], fa[8];
+#pragma unroll
+        for (int e = 0; e < 8; ++e) {
+          fq[e] = fast_exp2(b2[j][e]);
+          fa[e] = fast_exp2(b2[j][e] - m_row[vo(e)]);
+        }
+#pragma unroll
+        for (int e = 0; e < 8; ++e) out[e] = qn[e] * fq[e];
+        *reinterpret_cast<uint4*>(blk + Layout::kQtOffset + size_t(r) * 256 + c0 * 2) = pack8_block(out, p.f16_block);
+#pragma unroll
+        for (int e = 0; e < 8; ++e) out[e] = kn[e] * fq[e];
+        *reinterpret_cast<uint4*>(smem + Plan::kKtOffset + off) = pack8(out);
+#pragma unroll
+        for (int e = 0; e < 8; ++e) out[e] = qn[e] * fa[e];
+        uint4 am_hi, am_lo;  // A^M as bf16 hi + lo (M's product takes both)
+        kdakit::cuda::split_bf16x2(out[0], out[1], am_hi.x, am_lo.x);
+        kdakit::cuda::split_bf16x2(out[2], out[3], am_hi.y, am_lo.y);
+        kdakit::cuda::split_bf16x2(out[4], out[5], am_hi.z, am_lo.z);
+        kdakit::cuda::split_bf16x2(out[6], out[7], am_hi.w, am_lo.w);
+        *reinterpret_cast<uint4*>(smem + Plan::kQaOffset + off) = am_hi;
+        *reinterpret_cast<uint4*>(smem + Plan::kAmLoOffset + off) = am_lo;
+#pragma unroll
+        for (int e = 0; e < 8; ++e) out[e] = kn[e] * fa[e];
+        *reinterpret_cast<uint4*>(smem + Plan::kKaOffset + off) = pack8(out);
       }
+      if (left_out != 0u) {  // the left-out channels' B^(R) entries (diagonal tile) to zero
+        uint32_t keep[4];
 #pragma unroll
-      for (int Rb = 1; Rb < kSubBlocks; ++Rb) {
-        if (Rb > R) {
-          float b_fac[8];
+        for (int i = 0; i < 4; ++i) {
+          keep[i] = ((left_out >> (2 * i)) & 1u ? 0u : 0x0000ffffu) | ((left_out >> (2 * i + 1)) & 1u ? 0u : 0xffff0000u);
+        }
 #pragma unroll
-          for (int e = 0; e < 8; ++e) {
-            b_fac[e] = fast_exp2(half_bound[Rb * kHeadDim + cv + vo(e)] - c_cur[vo(e)]);  // m_{R'} <= c_{R'-1} <= c_R: at most 1
-          }
-#pragma unroll
-          for (int j = 0; j < kRowsPerThread; ++j) {
-            float kb[8];
-#pragma unroll
-            for (int e = 0; e < 8; ++e) kb[e] = kfr[j][e] * b_fac[e];
-            *reinterpret_cast<uint4*>(smem + Plan::kKbOffset + swz(kb_row_offset(Rb) + r0 + j, ch0)) = pack8(kb);
-          }
+        for (int j = 0; j < kRowsPerThread; ++j) {
+          uint4* const kb = reinterpret_cast<uint4*>(smem + Plan::kKbOffset + swz(kb_row_offset(R) + r0 + j, ch0));
+          const uint4 w = *kb;
+          *kb = make_uint4(w.x & keep[0], w.y & keep[1], w.z & keep[2], w.w & keep[3]);
         }
       }
     }
-    // Qt (block), Kt (shared) from exp2(b2) <= 1 (one exponential: it flushes to zero where
-    // the product exp2(b2 - c_{R-1}) exp2(c_{R-1}) would, below 2^-126); A^M, A^L (shared, in
-    // place over q and k) from exp2(b2 - m_R) <= 2^96.
-    // The row reference m_R: the sub-block's midpoint, or for a wide channel the first half's
-    // midpoint (its rows' factors are then <= 2^(span0 / 2), the second half's <= 1) or c_{R-1}
-    // when that half too spans more than max_span; the column operands above match.
-    float m_cur[8];
 #pragma unroll
-    for (int e = 0; e < 8; ++e) m_cur[e] = m_row[vo(e)];
+    for (int Rb = 1; Rb < kSubBlocks; ++Rb) {
+      if (Rb > R) {
+        float b_fac[8];
 #pragma unroll
-    for (int j = 0; j < kRowsPerThread; ++j) {
-      const int r = r0 + j;
-      const uint32_t off = swz(r, ch0);
-      float qn[8], kn[8], fq[8], fa[8], out[8];
-      unpack8(*reinterpret_cast<const uint4*>(smem + Plan::kQaOffset + off), qn);
-      unpack8(*reinterpret_cast<const uint4*>(smem + Plan::kKaOffset + off), kn);
-      const float sq = row_q[r], sk = row_k[r];
+        for (int e = 0; e < 8; ++e) {
+          b_fac[e] = fast_exp2(half_bound[Rb * kHeadDim + cv + vo(e)] - c_cur[vo(e)]);  // m_{R'} <= c_{R'-1} <= c_R: at most 1
+        }
 #pragma unroll
-      for (int e = 0; e < 8; ++e) {
-        qn[e] *= sq;
-        kn[e] *= sk;
-        fq[e] = fast_exp2(b2[j][e]);
-        fa[e] = fast_exp2(b2[j][e] - m_cur[e]);
+        for (int j = 0; j < kRowsPerThread; ++j) {
+          float kb[8];
+#pragma unroll
+          for (int e = 0; e < 8; ++e) kb[e] = kfr[j][e] * b_fac[e];
+          *reinterpret_cast<uint4*>(smem + Plan::kKbOffset + swz(kb_row_offset(Rb) + r0 + j, ch0)) = pack8(kb);
+        }
       }
-#pragma unroll
-      for (int e = 0; e < 8; ++e) out[e] = qn[e] * fq[e];
-      *reinterpret_cast<uint4*>(blk + Layout::kQtOffset + size_t(r) * 256 + c0 * 2) = pack8_block(out, p.f16_block);
-#pragma unroll
-      for (int e = 0; e < 8; ++e) out[e] = kn[e] * fq[e];
-      *reinterpret_cast<uint4*>(smem + Plan::kKtOffset + off) = pack8(out);
-#pragma unroll
-      for (int e = 0; e < 8; ++e) out[e] = qn[e] * fa[e];
-      uint4 am_hi, am_lo;  // A^M as bf16 hi + lo (M's product takes both)
-      kdakit::cuda::split_bf16x2(out[0], out[1], am_hi.x, am_lo.x);
-      kdakit::cuda::split_bf16x2(out[2], out[3], am_hi.y, am_lo.y);
-      kdakit::cuda::split_bf16x2(out[4], out[5], am_hi.z, am_lo.z);
-      kdakit::cuda::split_bf16x2(out[6], out[7], am_hi.w, am_lo.w);
-      *reinterpret_cast<uint4*>(smem + Plan::kQaOffset + off) = am_hi;
-      *reinterpret_cast<uint4*>(smem + Plan::kAmLoOffset + off) = am_lo;
-#pragma unroll
-      for (int e = 0; e < 8; ++e) out[e] = kn[e] * fa[e];
-      *reinterpret_cast<uint4*>(smem + Plan::kKaOffset + off) = pack8(out);
     }
   }
   __syncthreads();
