@@ -28,12 +28,13 @@
 //   T = (I + diag(beta) L)^-1,  W = T diag(beta) Kt,  U0 = T diag(beta) V.
 //
 // Warp roles and phases (one CTA, 8 warps, __syncthreads between phases):
-//   1. q, k -> shared by cp.async (into the A^M, A^L tiles). Warp w owns rows 8 w .. 8 w + 7
-//      (half of sub-block w / 2), thread (warp w, lane 16 rq + co) rows 8 w + 4 rq .. + 3 and
+//   1. q, k -> shared by cp.async (into the A^M, A^L tiles). Warp w owns the 8-row half hw of
+//      sub-block hw / 2 (hw = w, with halves 4, 5 and 6, 7 swapped: the phase 1 mapping),
+//      thread (warp w, lane 16 rq + co) rows 8 hw + 4 rq .. + 3 and
 //      channels 8 co .. + 7: it copies its own q/k pieces, loads its g rows (16-byte loads),
-//      gate and running sum in registers (local sum, one shuffle, then the earlier warps'
+//      gate and running sum in registers (local sum, one shuffle, then the earlier halves'
 //      totals through shared memory), norms as warp sums (no shared partials). One barrier
-//      publishes the warps' totals; the second-half warps then write c_R and classify their
+//      publishes the halves' totals; the second-half warps then write c_R and classify their
 //      sub-block's channels (wide-span masks, lists, m_R), and a second barrier publishes that.
 //      Writes Qt, Kh, decay to the block; Kt, A^L, A^M (in place over k, q), B^(R) to shared
 //      memory (bf16, 16-byte chunks XOR-swizzled by row).
@@ -379,15 +380,20 @@ __global__ void __launch_bounds__(kThreads, 2) kda_prefill_prep_sm90_kernel(cons
                             int64_t(h) * p.stride_v_h;
 
   // ---- Phase 1 mapping --------------------------------------------------------------------
-  // Warp w owns rows 8 w .. 8 w + 7 (the first or second 8-row half of sub-block R = w / 2) and
-  // lane (rq, co) = (lane / 16, lane % 16) rows 8 w + 4 rq .. + 3, channels 8 co .. 8 co + 7.
+  // Warp w owns 8-row half hw = w for w < 4, w ^ 2 for w >= 4, i.e. rows 8 hw .. 8 hw + 7 (the
+  // first or second half of sub-block R = hw / 2), and lane (rq, co) = (lane / 16, lane % 16)
+  // rows 8 hw + 4 rq .. + 3, channels 8 co .. 8 co + 7.
+  // NOTE: warps w and w + 4 share a scheduler; the B^(R') copies (3 - R per row) then sum to 3
+  // on every scheduler (sub-blocks 0 and 3, or 1 and 2) instead of 4 on two of them and 2 on the
+  // other two.
   // NOTE: so a warp's rows lie in one sub-block (its B^(R') copies below are one warp-uniform
   // branch, not a loop that every warp ran with the lanes of other sub-blocks masked off), a row
   // lies in 16 lanes of one warp (the q/k norms are sums over them: no partial sums through shared
   // memory and no barrier), and a quarter-warp's 16-byte accesses are one row's 128 contiguous bytes.
   const int rq = lane >> 4, co = lane & 15;
-  const int r0 = kSubBlock / 2 * warp + kRowsPerThread * rq;  // first of the thread's 4 rows
-  const int R = warp >> 1;                                     // their sub-block
+  const int hw = warp < kWarps / 2 ? warp : warp ^ 2;         // the warp's 8-row half
+  const int r0 = kSubBlock / 2 * hw + kRowsPerThread * rq;    // first of the thread's 4 rows
+  const int R = hw >> 1;                                       // their sub-block
   const int c0 = co * 8;                                       // first of the thread's 8 channels
   const int ch0 = co;                                          // their 16-byte chunk
   // NOTE: the per-channel fp32 vectors (the boundaries c_R, the row references m_R, the warps'
@@ -481,7 +487,7 @@ __global__ void __launch_bounds__(kThreads, 2) kda_prefill_prep_sm90_kernel(cons
     }
   }
   // Running sum: 4 local rows, then the warp's first 4 rows before its last 4 (one shuffle), then
-  // the warps before this one (their totals through shared memory, in warp order).
+  // the halves before this warp's (their totals through shared memory, in row order).
 #pragma unroll
   for (int j = 1; j < kRowsPerThread; ++j) {
 #pragma unroll
@@ -494,8 +500,8 @@ __global__ void __launch_bounds__(kThreads, 2) kda_prefill_prep_sm90_kernel(cons
 #pragma unroll
     for (int j = 0; j < kRowsPerThread; ++j) b2[j][e] += add;
   }
-  float* warp_total = reinterpret_cast<float*>(smem + Plan::kWarpTotalOffset);  // [8 warps][128]: 8-row totals
-  if (rq == 1) store_vo8(warp_total + warp * kHeadDim + cv, b2[3]);
+  float* warp_total = reinterpret_cast<float*>(smem + Plan::kWarpTotalOffset);  // [8 halves][128]: 8-row totals
+  if (rq == 1) store_vo8(warp_total + hw * kHeadDim + cv, b2[3]);
   if (tid < kHeadDim / 4) {  // row 0: c_{-1} = 0
     reinterpret_cast<float4*>(bound)[tid] = make_float4(0.f, 0.f, 0.f, 0.f);
   }
@@ -505,10 +511,10 @@ __global__ void __launch_bounds__(kThreads, 2) kda_prefill_prep_sm90_kernel(cons
   kdakit::cuda::cp_async_wait_all();
   __syncthreads();
   {
-    // The prefix of the warps before this one: c_{R-1} after the first 2 R (0 for R = 0), then
+    // The prefix of the halves before this one: c_{R-1} after the first 2 R (0 for R = 0), then
     // for a second-half warp the first half's total, which makes it b2 at row 16 R + 7.
     // NOTE: every warp adds the same totals in the same order, so c_R computed here by the warps
-    // of later sub-blocks equals bit for bit the b2 of row 16 R + 15 that warp 2 R + 1 writes.
+    // of later sub-blocks equals bit for bit the b2 of row 16 R + 15 that half 2 R + 1's warp writes.
     float pre[8], c_prev[8];
 #pragma unroll
     for (int e = 0; e < 8; ++e) pre[e] = 0.f;
@@ -516,18 +522,18 @@ __global__ void __launch_bounds__(kThreads, 2) kda_prefill_prep_sm90_kernel(cons
     for (int w2 = 0; w2 < 2 * R; ++w2) add_vo8(pre, warp_total + w2 * kHeadDim + cv);
 #pragma unroll
     for (int e = 0; e < 8; ++e) c_prev[e] = pre[e];
-    if (warp & 1) add_vo8(pre, warp_total + (warp - 1) * kHeadDim + cv);
+    if (hw & 1) add_vo8(pre, warp_total + (hw - 1) * kHeadDim + cv);
 #pragma unroll
     for (int j = 0; j < kRowsPerThread; ++j) {
 #pragma unroll
       for (int e = 0; e < 8; ++e) b2[j][e] += pre[e];
     }
-    if (warp == kWarps - 1 && rq == 1) {  // decay = exp2(b2 of the last row)
+    if (hw == kWarps - 1 && rq == 1) {  // decay = exp2(b2 of the last row)
       float4* dst = reinterpret_cast<float4*>(reinterpret_cast<float*>(blk + Layout::kDecayOffset) + c0);
       dst[0] = make_float4(fast_exp2(b2[3][0]), fast_exp2(b2[3][1]), fast_exp2(b2[3][2]), fast_exp2(b2[3][3]));
       dst[1] = make_float4(fast_exp2(b2[3][4]), fast_exp2(b2[3][5]), fast_exp2(b2[3][6]), fast_exp2(b2[3][7]));
     }
-    if (warp & 1) {
+    if (hw & 1) {
       // The second-half warp of sub-block R: its last row's b2 is the boundary c_R, and its lanes
       // rq = 1 classify the sub-block's channels. Wide-span channels: masks (bytes of the 32-bit
       // words, channel 8 co + e at bit e of byte co) and two ascending lists of their indices: the
