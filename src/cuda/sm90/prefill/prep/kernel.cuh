@@ -69,8 +69,8 @@
 // loop by 2) took it to 6,520 and their prep 7% faster, the lower-bound rows unchanged (session
 // 14). The ctest prefill_prep_code_size (tests/cpp/prefill/prep) fails past 6,600 for the
 // lower-bound, bf16-g instantiations (6,336 now, 6,368 before session 31's one-pass phase 1c,
-// 6,136 in session 23; 6,448 for the kExtras one with session 28's plan writers); the softplus
-// ones run ~24 instructions larger (~190 before their gate lost its select, session 23).
+// 6,136 in session 23; 6,432 for the kExtras one with session 28's plan writers); the softplus
+// ones run ~32 instructions larger (~190 before their gate lost its select, session 23).
 #pragma once
 
 #include <cuda_bf16.h>
