@@ -652,7 +652,7 @@ __global__ void __launch_bounds__(kThreads, 2) kda_prefill_prep_sm90_kernel(cons
     // kn F = B^(R) exp2(c_R - a), with a = m_R, or a = c_R (t = F) for a left-out channel, whose
     // B^(R) entries are then zeroed after the loop (a branch lower-bound gates never take). For a
     // channel that is not wide both factors stay normal (|m_R - b2| and c_R - m_R are at most
-    // max_span / 2 = 108), so the product flushes only where exp2(c_R - b2) itself would. For the
+    // max_span / 2: 108, or 96 without the in-kernel norm), so the product flushes only where exp2(c_R - b2) itself would. For the
     // first-half rows of a wide channel that is not left out (m_R the first half's midpoint),
     // exp2(c_R - m_R) flushes to zero when c_R - m_R < -126, and with it F of rows b2 < m_R; there
     // F = exp2(c_R - m_R) exp2(m_R - b2) < 2^(-126 + 108) = 2^-18, so the terms lost (Kh's, and
