@@ -652,13 +652,14 @@ __global__ void __launch_bounds__(kThreads, 2) kda_prefill_prep_sm90_kernel(cons
     // kn F = B^(R) exp2(c_R - a), with a = m_R, or a = c_R (t = F) for a left-out channel, whose
     // B^(R) entries are then zeroed after the loop (a branch lower-bound gates never take). For a
     // channel that is not wide both factors stay normal (|m_R - b2| and c_R - m_R are at most
-    // max_span / 2: 108, or 96 without the in-kernel norm), so the product flushes only where exp2(c_R - b2) itself would. For the
-    // first-half rows of a wide channel that is not left out (m_R the first half's midpoint),
-    // exp2(c_R - m_R) flushes to zero when c_R - m_R < -126, and with it F of rows b2 < m_R; there
-    // F = exp2(c_R - m_R) exp2(m_R - b2) < 2^(-126 + 108) = 2^-18, so the terms lost (Kh's, and
-    // B^(R')'s against later rows, whose decay is at most F) are below 2^-18 of |k_r kn_s|: the
-    // bound the A operands already keep (kernel header). The two-pass form (two exponentials)
-    // unpacked and scaled k twice and ran ~4 more instructions per element.
+    // max_span / 2: 108, or 96 without the in-kernel norm), so the product flushes only where
+    // exp2(c_R - b2) itself would. For the first-half rows of a wide channel that is not left out
+    // (m_R the first half's midpoint), exp2(c_R - m_R) flushes to zero when c_R - m_R < -126, and
+    // with it F of rows b2 < m_R; there F = exp2(c_R - m_R) exp2(m_R - b2) < 2^(-126 + 108) =
+    // 2^-18, so the terms lost (Kh's, and B^(R')'s against later rows, whose decay is at most F)
+    // are below 2^-18 of |k_r kn_s|: the bound the A operands already keep (kernel header). The
+    // two-pass form (two exponentials) unpacked and scaled k twice and ran ~3 more instructions
+    // per element on the path every thread takes.
     float kfr[kRowsPerThread][8];  // kn F, F = exp2(c_R - b2) <= 1
     {
       float* const wide_b2 = wide_b2_scratch(blk);
@@ -756,7 +757,8 @@ __global__ void __launch_bounds__(kThreads, 2) kda_prefill_prep_sm90_kernel(cons
         uint32_t keep[4];
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
-          keep[i] = ((left_out >> (2 * i)) & 1u ? 0u : 0x0000ffffu) | ((left_out >> (2 * i + 1)) & 1u ? 0u : 0xffff0000u);
+          keep[i] = ((left_out >> (2 * i)) & 1u ? 0u : 0x0000ffffu) |
+                    ((left_out >> (2 * i + 1)) & 1u ? 0u : 0xffff0000u);
         }
 #pragma unroll
         for (int j = 0; j < kRowsPerThread; ++j) {
