@@ -35,22 +35,22 @@ result() {  # name rc log
   echo "$1 rc=$2 $(grep -E '^\[  (PASSED|FAILED|SKIPPED) ' "$3" | tr -s ' ' | tr '\n' ' ')" | tee -a "$summary"
   grep -E '^\[  FAILED  \].*\(' "$3" | head -5 | tee -a "$summary"
 }
-# KDAKIT_AB_TESTS=0 leaves out the tests (a second invocation in the same call, after a first with
-# 0 rounds ran them beside other work: the sanitizer, a peer's build)
-for t in $([ "${KDAKIT_AB_TESTS:-1}" = 1 ] && echo prefill_prep_test prefill_gpu_test prefill_pool_gpu_test \
-  prefill_recurrence_test serving_graph_test api_plan_test); do
-  timeout 240 "$b/$t" --gtest_brief=1 >"$logs/$t.log" 2>&1
-  result "$t" $? "$logs/$t.log"
-done
+# KDAKIT_AB_TESTS=0 leaves out the tests and the racecheck (a second invocation in the same call,
+# after a first with 0 rounds ran them beside other work: the sanitizer, a peer's build)
 if [ "${KDAKIT_AB_TESTS:-1}" = 1 ]; then
+  for t in prefill_prep_test prefill_gpu_test prefill_pool_gpu_test prefill_recurrence_test serving_graph_test \
+    api_plan_test; do
+    timeout 240 "$b/$t" --gtest_brief=1 >"$logs/$t.log" 2>&1
+    result "$t" $? "$logs/$t.log"
+  done
   KDAKIT_PREFILL_PATH=chunked timeout 240 "$b/prefill_gpu_test" --gtest_brief=1 --gtest_filter='-*PrefillSegmentsGpu*' \
     >"$logs/prefill_gpu_test_chunked.log" 2>&1
   result "prefill_gpu_test[chunked]" $? "$logs/prefill_gpu_test_chunked.log"
-fi
-# KDAKIT_AB_RACECHECK=0 leaves out the prep kernel's racecheck (up to 150 s) when prep is unchanged
-if [ "${KDAKIT_AB_RACECHECK:-1}" = 1 ] && [ "${KDAKIT_AB_TESTS:-1}" = 1 ]; then
-  timeout 150 compute-sanitizer --tool racecheck "$b/prefill_prep_test" >"$logs/racecheck_prep.log" 2>&1
-  echo "racecheck prep rc=$? $(grep -E 'RACECHECK SUMMARY' "$logs/racecheck_prep.log")" | tee -a "$summary"
+  # KDAKIT_AB_RACECHECK=0 leaves out the prep kernel's racecheck (up to 150 s) when prep is unchanged
+  if [ "${KDAKIT_AB_RACECHECK:-1}" = 1 ]; then
+    timeout 150 compute-sanitizer --tool racecheck "$b/prefill_prep_test" >"$logs/racecheck_prep.log" 2>&1
+    echo "racecheck prep rc=$? $(grep -E 'RACECHECK SUMMARY' "$logs/racecheck_prep.log")" | tee -a "$summary"
+  fi
 fi
 export PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
 envs="${KDAKIT_AB_ENVS:-}"

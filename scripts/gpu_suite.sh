@@ -99,8 +99,7 @@ if [ "$run_tests" = 1 ]; then
   grep -h "o vs whole" "$out/logs/prefill_gpu_test.log" | tee -a "$summary"
   # The prep kernel writing a fixed batch's or a packed single sequence's plan (the default; the
   # segments-of-2 pass above runs it on every two-kernel case) with segments of 2 chunks under the
-  # sanitizers.
-  # (--quick: PrefillPlanByPrepGpu alone, whose cases force their own segments)
+  # sanitizers; --quick: PrefillPlanByPrepGpu alone, whose cases force their own segments.
   sanitized='*long_packed_softplus*:*long_fixed_gva*:*PrefillPlanByPrepGpu*'
   [ "$quick" = 1 ] && sanitized='*PrefillPlanByPrepGpu*'
   for tool in memcheck racecheck; do
