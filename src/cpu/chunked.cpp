@@ -1,6 +1,7 @@
 // fp32 chunked KDA prefill: the algorithm of the GPU prefill (docs/design, PREFILL-NOTES.md),
-// written as plain loops. prepare_chunk / apply_chunk (chunked.h) are its two halves, exposed
-// so that a kernel's per-chunk intermediates can be checked against them.
+// written as loops, the matrix products through one register-blocked helper. prepare_chunk /
+// apply_chunk (chunked.h) are its two halves, exposed so that a kernel's per-chunk intermediates
+// can be checked against them.
 //
 // A sequence is cut into chunks of kChunk = 64 tokens (the last one may be shorter: C' rows).
 // Per chunk, rows r, s in [0, C'), key channel i, value channel j, all in fp32:
@@ -15,13 +16,14 @@
 // Every exponent is a difference b2_r - b2_s with s <= r (or b2_r itself), so every factor is
 // <= 1 whatever the gate: no overflow, underflow to zero is harmless. exp2(b2_r - b2_s) is
 // formed per element, not as a product of two factors; in L and M by exp2_nonpositive below (a
-// polynomial the compiler vectorises: the demo case's 85 ms with std::exp2 there became 37 ms).
+// polynomial the compiler vectorises; scalar std::exp2 there was most of the backend's time).
 #include "cpu/chunked.h"
 
 #include <algorithm>
 #include <bit>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <vector>
 
 #if defined(__SSE2__)
@@ -40,9 +42,9 @@ namespace {
 constexpr float kLog2e = 1.4426950408889634f;
 
 // 2^x for x <= 0 in fp32, within 2.5e-7 relative of std::exp2 for x >= -126 and 0 below (where
-// std::exp2 is subnormal, which FlushSubnormals would flush anyway). x = n + f with n = round(x), |f| <= 1/2:
-// 2^f is its Taylor series in f ln 2 to degree 6 (remainder below 1.3e-7), and 2^n is built in
-// the exponent field. No branch, no libm call: a loop of these vectorises.
+// std::exp2 is subnormal, which FlushSubnormals would flush anyway). x = n + f with n = round(x),
+// |f| <= 1/2: 2^f is its Taylor series in f ln 2 to degree 6 (remainder below 1.3e-7), and 2^n is
+// built in the exponent field. No branch, no libm call: a loop of these vectorises.
 inline float exp2_nonpositive(float x) {
   constexpr float kRound = 12582912.f;  // 1.5 * 2^23: adding and subtracting it rounds to integer
   const float lo = x < -126.f ? -126.f : x;
@@ -59,8 +61,8 @@ inline float exp2_nonpositive(float x) {
 
 // Flushes fp32 subnormal results and inputs to zero on this thread while it lives (x86 MXCSR
 // FTZ and DAZ). With fast-decaying gates the gated rows pass 2^-126 after a few dozen tokens,
-// and x86 arithmetic on subnormals takes a slow path of ~100 cycles: the demo case took 137 ms
-// without this and 37 ms with it. What is flushed is below 2^-126, far under the accuracy bar.
+// and x86 arithmetic on subnormals takes a slow path of ~100 cycles (the demo case, H4 T = 777,
+// ran 3.7x slower without this). What is flushed is below 2^-126, far under the accuracy bar.
 class FlushSubnormals {
  public:
 #if defined(__SSE2__)
@@ -72,6 +74,72 @@ class FlushSubnormals {
   unsigned saved_;
 #endif
 };
+
+typedef float v4 __attribute__((vector_size(16)));  // GCC/Clang vector type (SSE on x86-64)
+
+// xz = sum_i x[i] z[i] and yz = sum_i y[i] z[i], in four interleaved partial sums (the order of
+// the terms differs from a serial loop's; a serial chain of adds was the L/M loop's bound).
+void dot2(const float* x, const float* y, const float* z, int32_t n, float& xz, float& yz) {
+  v4 sx = {0.f, 0.f, 0.f, 0.f}, sy = sx;
+  const int32_t n4 = n - n % 4;
+  for (int32_t i = 0; i < n4; i += 4) {
+    v4 xv, yv, zv;
+    std::memcpy(&xv, x + i, sizeof(v4));
+    std::memcpy(&yv, y + i, sizeof(v4));
+    std::memcpy(&zv, z + i, sizeof(v4));
+    sx += xv * zv;
+    sy += yv * zv;
+  }
+  float a = (sx[0] + sx[1]) + (sx[2] + sx[3]), b = (sy[0] + sy[1]) + (sy[2] + sy[3]);
+  for (int32_t i = n4; i < n; ++i) {
+    a += x[i] * z[i];
+    b += y[i] * z[i];
+  }
+  xz = a;
+  yz = b;
+}
+
+// c[r][j] += sum_k a(r, k) b[k][j] for r < R, j < N, k < D, with a(r, k) = a[r * ars + k * aks]
+// (strides, so that a transposed operand needs no copy). Blocks of 4 rows x 8 columns keep their
+// sums in registers (GCC/Clang vector types) across k; each sum still adds its terms in order
+// k = 0, 1, ..., as the plain triple loop does.
+void matmul_acc(int32_t R, int32_t N, int32_t D, const float* a, size_t ars, size_t aks,
+                const float* b, size_t ldb, float* c, size_t ldc) {
+  constexpr int32_t kR = 4, kN = 8;
+  const int32_t R4 = R - R % kR, N8 = N - N % kN;
+  for (int32_t r = 0; r < R4; r += kR) {
+    for (int32_t j = 0; j < N8; j += kN) {
+      v4 acc[kR][2];
+      for (int32_t rr = 0; rr < kR; ++rr) {
+        std::memcpy(&acc[rr][0], c + size_t(r + rr) * ldc + j, sizeof(v4));
+        std::memcpy(&acc[rr][1], c + size_t(r + rr) * ldc + j + 4, sizeof(v4));
+      }
+      for (int32_t k = 0; k < D; ++k) {
+        v4 b0, b1;
+        std::memcpy(&b0, b + size_t(k) * ldb + j, sizeof(v4));
+        std::memcpy(&b1, b + size_t(k) * ldb + j + 4, sizeof(v4));
+        for (int32_t rr = 0; rr < kR; ++rr) {
+          const float av = a[size_t(r + rr) * ars + size_t(k) * aks];
+          acc[rr][0] += av * b0;
+          acc[rr][1] += av * b1;
+        }
+      }
+      for (int32_t rr = 0; rr < kR; ++rr) {
+        std::memcpy(c + size_t(r + rr) * ldc + j, &acc[rr][0], sizeof(v4));
+        std::memcpy(c + size_t(r + rr) * ldc + j + 4, &acc[rr][1], sizeof(v4));
+      }
+    }
+  }
+  // the rows and columns outside the blocks
+  for (int32_t r = 0; r < R; ++r) {
+    for (int32_t j = (r < R4 ? N8 : 0); j < N; ++j) {
+      float sum = c[size_t(r) * ldc + j];
+      for (int32_t k = 0; k < D; ++k)
+        sum += a[size_t(r) * ars + size_t(k) * aks] * b[size_t(k) * ldb + j];
+      c[size_t(r) * ldc + j] = sum;
+    }
+  }
+}
 
 }  // namespace
 
@@ -140,12 +208,9 @@ void prepare_chunk(const KdaProblem& m, int64_t row, int64_t t0, int32_t rows, i
       const float* k_s = &x.kn[size_t(s) * K];
       for (int32_t i = 0; i < K; ++i) ks[size_t(i)] = k_s[i] * exp2_nonpositive(b2_r[i] - b2_s[i]);
       float l = 0.f, mm = 0.f;
-      for (int32_t i = 0; i < K; ++i) {
-        l += x.kn[size_t(r) * K + i] * ks[size_t(i)];
-        mm += scale * x.qn[size_t(r) * K + i] * ks[size_t(i)];
-      }
+      dot2(&x.kn[size_t(r) * K], &x.qn[size_t(r) * K], ks.data(), K, l, mm);
       x.L[size_t(r) * kChunk + s] = s < r ? l : 0.f;
-      x.M[size_t(r) * kChunk + s] = mm;
+      x.M[size_t(r) * kChunk + s] = scale * mm;
     }
   }
 
@@ -161,16 +226,14 @@ void prepare_chunk(const KdaProblem& m, int64_t row, int64_t t0, int32_t rows, i
     x.T[size_t(r) * kChunk + r] = 1.f;
   }
 
-  // --- W = T diag(beta) Kt, U0 = T diag(beta) V
+  // --- W = T diag(beta) Kt, U0 = T diag(beta) V (T diag(beta) is zero above its diagonal)
+  std::vector<float> tb(size_t(C) * C);
   for (int32_t r = 0; r < C; ++r) {
-    float* w = &x.W[size_t(r) * K];
-    float* u = &x.U0[size_t(r) * V];
-    for (int32_t s = 0; s <= r; ++s) {
-      const float tb = x.T[size_t(r) * kChunk + s] * x.beta[size_t(s)];
-      for (int32_t i = 0; i < K; ++i) w[i] += tb * x.Kt[size_t(s) * K + i];
-      for (int32_t j = 0; j < V; ++j) u[j] += tb * x.v[size_t(s) * V + j];
-    }
+    for (int32_t s = 0; s < C; ++s)
+      tb[size_t(r) * C + s] = x.T[size_t(r) * kChunk + s] * x.beta[size_t(s)];
   }
+  matmul_acc(C, K, C, tb.data(), C, 1, x.Kt.data(), K, x.W.data(), K);
+  matmul_acc(C, V, C, tb.data(), C, 1, x.v.data(), V, x.U0.data(), V);
 }
 
 void apply_chunk(const ChunkPrep& x, float* S, float* O) {
@@ -178,40 +241,20 @@ void apply_chunk(const ChunkPrep& x, float* S, float* O) {
 
   // --- U = U0 - W S0
   std::vector<float> U(x.U0.begin(), x.U0.begin() + ptrdiff_t(C) * V);
-  std::vector<float> ws(static_cast<size_t>(V));
-  for (int32_t r = 0; r < C; ++r) {
-    const float* w = &x.W[size_t(r) * K];
-    std::fill(ws.begin(), ws.end(), 0.f);
-    for (int32_t i = 0; i < K; ++i) {
-      for (int32_t j = 0; j < V; ++j) ws[size_t(j)] += w[i] * S[size_t(i) * V + j];
-    }
-    for (int32_t j = 0; j < V; ++j) U[size_t(r) * V + j] -= ws[size_t(j)];
-  }
+  std::vector<float> ws(size_t(C) * V, 0.f);
+  matmul_acc(C, V, K, x.W.data(), K, 1, S, V, ws.data(), V);
+  for (size_t e = 0; e < U.size(); ++e) U[e] -= ws[e];
 
-  // --- O = Qt S0 + M U
-  for (int32_t r = 0; r < C; ++r) {
-    float* o = &O[size_t(r) * V];
-    for (int32_t j = 0; j < V; ++j) o[j] = 0.f;
-    for (int32_t i = 0; i < K; ++i) {
-      const float qt = x.Qt[size_t(r) * K + i];
-      for (int32_t j = 0; j < V; ++j) o[j] += qt * S[size_t(i) * V + j];
-    }
-    for (int32_t s = 0; s <= r; ++s) {
-      const float ms = x.M[size_t(r) * kChunk + s];
-      for (int32_t j = 0; j < V; ++j) o[j] += ms * U[size_t(s) * V + j];
-    }
-  }
+  // --- O = Qt S0 + M U (M is zero above its diagonal)
+  std::fill(O, O + ptrdiff_t(C) * V, 0.f);
+  matmul_acc(C, V, K, x.Qt.data(), K, 1, S, V, O, V);
+  matmul_acc(C, V, C, x.M.data(), kChunk, 1, U.data(), V, O, V);
 
   // --- S <- diag(decay) S0 + Kh^T U (row i of S depends only on row i of S0)
-  std::vector<float> s_row(static_cast<size_t>(V));
   for (int32_t i = 0; i < K; ++i) {
-    for (int32_t j = 0; j < V; ++j) s_row[size_t(j)] = x.decay[size_t(i)] * S[size_t(i) * V + j];
-    for (int32_t r = 0; r < C; ++r) {
-      const float kh = x.Kh[size_t(r) * K + i];
-      for (int32_t j = 0; j < V; ++j) s_row[size_t(j)] += kh * U[size_t(r) * V + j];
-    }
-    for (int32_t j = 0; j < V; ++j) S[size_t(i) * V + j] = s_row[size_t(j)];
+    for (int32_t j = 0; j < V; ++j) S[size_t(i) * V + j] *= x.decay[size_t(i)];
   }
+  matmul_acc(K, V, C, x.Kh.data(), 1, K, U.data(), V, S, V);
 }
 
 Status prefill_chunk_prep(const PrefillParams& p, int64_t seq, int64_t chunk, int32_t h,
