@@ -175,6 +175,13 @@ __device__ __forceinline__ uint4 pack8_block(const float (&x)[8], bool f16) {
 }
 // Eight fp32 -> eight bf16 (the shared-memory tiles).
 __device__ __forceinline__ uint4 pack8(const float (&x)[8]) { return pack8_block(x, false); }
+// Eight fp32 -> bf16 hi + lo (x ~ hi + lo; Kh on bf16 blocks, A^M).
+__device__ __forceinline__ void split8(const float (&x)[8], uint4& hi, uint4& lo) {
+  kdakit::cuda::split_bf16x2(x[0], x[1], hi.x, lo.x);
+  kdakit::cuda::split_bf16x2(x[2], x[3], hi.y, lo.y);
+  kdakit::cuda::split_bf16x2(x[4], x[5], hi.z, lo.z);
+  kdakit::cuda::split_bf16x2(x[6], x[7], hi.w, lo.w);
+}
 
 // Wide-span channels' b2 (fp32) and raw k (bf16 bits), channel-major [128][64] so that phase 3's
 // lanes read 16 consecutive rows of one channel: written in phase 1c into block space that phase
@@ -720,10 +727,7 @@ __global__ void __launch_bounds__(kThreads, 2) kda_prefill_prep_sm90_kernel(cons
           *reinterpret_cast<uint4*>(blk + Layout::kKhOffset + size_t(r) * 256 + c0 * 2) = pack8_block(out, true);
         } else {
           uint4 kh_hi, kh_lo;
-          kdakit::cuda::split_bf16x2(out[0], out[1], kh_hi.x, kh_lo.x);
-          kdakit::cuda::split_bf16x2(out[2], out[3], kh_hi.y, kh_lo.y);
-          kdakit::cuda::split_bf16x2(out[4], out[5], kh_hi.z, kh_lo.z);
-          kdakit::cuda::split_bf16x2(out[6], out[7], kh_hi.w, kh_lo.w);
+          split8(out, kh_hi, kh_lo);
           *reinterpret_cast<uint4*>(blk + Layout::kKhOffset + size_t(r) * 256 + c0 * 2) = kh_hi;
           *reinterpret_cast<uint4*>(blk + Layout::kKhLoOffset + size_t(r) * 256 + c0 * 2) = kh_lo;
         }
@@ -743,10 +747,7 @@ __global__ void __launch_bounds__(kThreads, 2) kda_prefill_prep_sm90_kernel(cons
 #pragma unroll
         for (int e = 0; e < 8; ++e) out[e] = qn[e] * fa[e];
         uint4 am_hi, am_lo;  // A^M as bf16 hi + lo (M's product takes both)
-        kdakit::cuda::split_bf16x2(out[0], out[1], am_hi.x, am_lo.x);
-        kdakit::cuda::split_bf16x2(out[2], out[3], am_hi.y, am_lo.y);
-        kdakit::cuda::split_bf16x2(out[4], out[5], am_hi.z, am_lo.z);
-        kdakit::cuda::split_bf16x2(out[6], out[7], am_hi.w, am_lo.w);
+        split8(out, am_hi, am_lo);
         *reinterpret_cast<uint4*>(smem + Plan::kQaOffset + off) = am_hi;
         *reinterpret_cast<uint4*>(smem + Plan::kAmLoOffset + off) = am_lo;
 #pragma unroll
