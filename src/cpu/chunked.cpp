@@ -60,7 +60,7 @@ inline float exp2_nonpositive(float x) {
 }
 
 // Flushes fp32 subnormal results and inputs to zero on this thread while it lives (x86 MXCSR
-// FTZ and DAZ). With fast-decaying gates the gated rows pass 2^-126 after a few dozen tokens,
+// FTZ and DAZ); prefill_chunked holds one around each chunk's prepare and apply. With fast-decaying gates the gated rows pass 2^-126 after a few dozen tokens,
 // and x86 arithmetic on subnormals takes a slow path of ~100 cycles (the demo case, H4 T = 777,
 // ran 3.7x slower without this). What is flushed is below 2^-126, far under the accuracy bar.
 class FlushSubnormals {
@@ -240,10 +240,9 @@ void apply_chunk(const ChunkPrep& x, float* S, float* O) {
   const int32_t K = x.K, V = x.V, C = x.rows;
 
   // --- U = U0 - W S0
-  std::vector<float> U(x.U0.begin(), x.U0.begin() + ptrdiff_t(C) * V);
-  std::vector<float> ws(size_t(C) * V, 0.f);
-  matmul_acc(C, V, K, x.W.data(), K, 1, S, V, ws.data(), V);
-  for (size_t e = 0; e < U.size(); ++e) U[e] -= ws[e];
+  std::vector<float> U(size_t(C) * V, 0.f);
+  matmul_acc(C, V, K, x.W.data(), K, 1, S, V, U.data(), V);  // W S0
+  for (size_t e = 0; e < U.size(); ++e) U[e] = x.U0[e] - U[e];
 
   // --- O = Qt S0 + M U (M is zero above its diagonal)
   std::fill(O, O + ptrdiff_t(C) * V, 0.f);
@@ -284,7 +283,6 @@ Status prefill_chunked(const PrefillParams& p) {
   const int64_t interval = p.chunk_state_interval;
   return run_prefill(p, [interval](const KdaProblem& m, SeqRange range, int32_t h, double* S,
                                    const ChunkStateSink& sink) {
-    const FlushSubnormals flush;  // this worker thread, for this (sequence, head)
     const int64_t KV = int64_t(m.K) * m.V;
     std::vector<float> state(static_cast<size_t>(KV));
     for (int64_t e = 0; e < KV; ++e) state[size_t(e)] = float(S[e]);  // exact: fp32/bf16 storage
@@ -298,8 +296,12 @@ Status prefill_chunked(const PrefillParams& p) {
         sink(local / interval, snapshot.data());
       }
       const int32_t rows = int32_t(std::min<int64_t>(kChunk, range.end - t0));
-      prepare_chunk(m, range.row, t0, rows, h, prep);
-      apply_chunk(prep, state.data(), O.data());
+      {
+        // The chunk's arithmetic only: the state's conversions in and out stay exact.
+        const FlushSubnormals flush;
+        prepare_chunk(m, range.row, t0, rows, h, prep);
+        apply_chunk(prep, state.data(), O.data());
+      }
       for (int32_t r = 0; r < rows; ++r) {
         const int64_t o_base = m.o_offset(range.row, t0 + r, h);
         for (int32_t j = 0; j < m.V; ++j)
