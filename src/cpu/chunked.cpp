@@ -60,9 +60,10 @@ inline float exp2_nonpositive(float x) {
 }
 
 // Flushes fp32 subnormal results and inputs to zero on this thread while it lives (x86 MXCSR
-// FTZ and DAZ); prefill_chunked holds one around each chunk's prepare and apply. With fast-decaying gates the gated rows pass 2^-126 after a few dozen tokens,
-// and x86 arithmetic on subnormals takes a slow path of ~100 cycles (the demo case, H4 T = 777,
-// ran 3.7x slower without this). What is flushed is below 2^-126, far under the accuracy bar.
+// FTZ and DAZ); prefill_chunked holds one around each chunk's prepare and apply. With fast-decaying
+// gates the gated rows pass 2^-126 after a few dozen tokens, and x86 arithmetic on subnormals takes
+// a slow path of ~100 cycles (the demo case, H4 T = 777, ran 3.7x slower without this). What is
+// flushed is below 2^-126, far under the accuracy bar.
 class FlushSubnormals {
  public:
 #if defined(__SSE2__)

@@ -71,6 +71,28 @@ TEST(PrefillContract, EmptySequencesPassTheStateThroughBitForBit) {
   }
 }
 
+// The first chunk state of a sequence is its initial state bit for bit (-0.0 and fp32
+// subnormals included): the fp32 chunked backend flushes subnormals in a chunk's arithmetic only.
+TEST(PrefillContract, FirstChunkStateIsTheInitialStateBitForBit) {
+  auto rng = testing::make_rng();
+  SCOPED_TRACE(rng.trace());
+  const PrefillCase c{.name = "chunk_state_0", .seq_lens = {100, 70}, .chunk_state_interval = 64};
+  PrefillTensors inputs = testing::make_prefill_tensors(c, rng);
+  for (int64_t n : {0, 1}) {
+    inputs.initial_state.set_at({n, 0, 0, 0}, -0.0);
+    inputs.initial_state.set_at({n, 1, 3, 5}, 1e-40);
+    inputs.initial_state.set_at({n, 0, 7, 2}, -3e-42);
+  }
+  for (const testing::CpuBackend& backend : kCpuBackends) {
+    SCOPED_TRACE(backend.name);
+    PrefillTensors t = inputs;
+    ASSERT_TRUE(testing::run_prefill_on_host(backend.fn, c, t).ok());
+    // entries: sequence 0 at 0 and 1 (tokens 0 and 64), sequence 1 at 2 (token 0)
+    EXPECT_TRUE(testing::rows_bitwise_equal(t.chunk_states, 0, inputs.initial_state, 0));
+    EXPECT_TRUE(testing::rows_bitwise_equal(t.chunk_states, 2, inputs.initial_state, 1));
+  }
+}
+
 // Only the logical elements of tokens [0, cu[N]) of o are written: tokens past cu[N] and the
 // padding of a strided view keep their poison bit for bit.
 TEST(PrefillContract, NothingWrittenPastCuOrIntoViewPadding) {
