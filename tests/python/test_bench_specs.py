@@ -104,3 +104,29 @@ def test_prefill_bench_flags_a_peer_disagreement():
     holes[0, 5, 1, 3] = np.nan
     rel, why = prefill.peer_agreement(holes, ref)
     assert why is not None and "NaN/inf positions differ" in why
+
+
+@pytest.mark.parametrize("name, heads, lens", [
+    ("H16-4096+4x1K", 16, (4096,) + (1024,) * 4),
+    ("H24-3K+8x1K", 24, (3072,) + (1024,) * 8),
+    ("H4-100+2x7+0", 4, (100, 7, 7, 0)),
+])
+def test_prefill_bench_shape_case_spells_its_lengths(name, heads, lens):
+    from kdakit import testing
+    c = testing.shape_case(name)
+    assert c is not None and c.name == name and c.H == heads and c.seqlens == lens and c.packed
+
+
+@pytest.mark.parametrize("name", ["H16", "16-4096", "H16-", "H16-4096+", "H16-4k", "H0-64", "H16-2x"])
+def test_prefill_bench_shape_case_rejects_other_names(name):
+    from kdakit import testing
+    assert testing.shape_case(name) is None
+
+
+def test_prefill_bench_selects_a_shape_only_where_no_case_matches():
+    from kdakit import testing
+    from kdakit.bench import prefill
+    cases = testing.prefill_bench_cases()
+    picked = prefill._select(cases, "H32-32K+8x1K,H16-4096+4x1K")
+    assert [c.name for c in picked] == ["H32-32K+8x1K", "H16-4096+4x1K"]
+    assert picked[1].seqlens == (4096,) + (1024,) * 4

@@ -81,10 +81,18 @@ def peer_agreement(o, peer_o) -> tuple[float, str | None]:
 
 
 def _select(cases, spec: str | None):
+    """The cases whose names contain one of the comma-separated keys of ``spec`` (all without
+    one), plus, for a key that names no case, the packed shape it spells (testing.shape_case,
+    e.g. ``H16-4096+4x1K``)."""
     if not spec:
         return list(cases)
     keys = [s for s in spec.split(",") if s]
-    return [c for c in cases if any(k in c.name for k in keys)]
+    picked = [c for c in cases if any(k in c.name for k in keys)]
+    for k in keys:
+        extra = testing.shape_case(k) if not any(k in c.name for c in cases) else None
+        if extra is not None:
+            picked.append(extra)
+    return picked
 
 
 def _kdakit_call(case, x, host_lengths: bool = False, **states) -> tuple[tuple, dict]:

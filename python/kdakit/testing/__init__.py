@@ -11,7 +11,7 @@
 
 from .bench import Peer, Timing, cooldown, cuda_available, import_fla, import_flash_kda, time_cuda
 from .cases import (DecodeCase, PrefillCase, decode_bench_cases, decode_test_cases,
-                    prefill_bench_cases, prefill_test_cases)
+                    prefill_bench_cases, prefill_test_cases, shape_case)
 from .compare import Comparison, assert_close, compare, rel_l2, to_float64
 from .floors import PrefillFloors, prefill_floors
 from .generate import (decode_inputs, decode_kwargs, prefill_inputs, prefill_kwargs, to_torch,
@@ -21,7 +21,7 @@ from .report import Row, format_table, geomean, plot_bars, print_table, repro_co
 __all__ = [
     "Comparison", "assert_close", "compare", "rel_l2", "to_float64",
     "PrefillCase", "DecodeCase", "prefill_test_cases", "decode_test_cases",
-    "prefill_bench_cases", "decode_bench_cases",
+    "prefill_bench_cases", "shape_case", "decode_bench_cases",
     "prefill_inputs", "decode_inputs", "prefill_kwargs", "decode_kwargs", "to_torch",
     "torch_available",
     "Peer", "Timing", "cooldown", "cuda_available", "import_fla", "import_flash_kda", "time_cuda",

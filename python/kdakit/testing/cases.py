@@ -4,6 +4,7 @@ sequence, decode over a state pool)."""
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, replace
 
 __all__ = [
@@ -12,6 +13,7 @@ __all__ = [
     "prefill_test_cases",
     "decode_test_cases",
     "prefill_bench_cases",
+    "shape_case",
     "decode_bench_cases",
 ]
 
@@ -238,6 +240,27 @@ def prefill_bench_cases() -> list[PrefillCase]:
         cases.append(PrefillCase(name=f"H32-{n}-softplus", seqlens=shapes[n], H=32,
                                  gate="softplus", category="irregular"))
     return cases
+
+
+def shape_case(name: str) -> PrefillCase | None:
+    """A packed benchmark case from its name, ``H<heads>-<part>[+<part>...]`` with each part
+    ``<len>`` or ``<count>x<len>`` and lengths in tokens or with a K suffix (x 1024), e.g.
+    ``H16-4096+4x1K`` or ``H24-3K+8x1K``; None when the name is not of that form. For shapes
+    the case list does not hold (cost-model checks of the segmented prefill)."""
+    m = re.fullmatch(r"H(\d+)-(.+)", name)
+    if m is None:
+        return None
+    lens: list[int] = []
+    for part in m.group(2).split("+"):
+        p = re.fullmatch(r"(?:(\d+)x)?(\d+)(K?)", part)
+        if p is None:
+            return None
+        count = int(p.group(1) or 1)
+        length = int(p.group(2)) * (1024 if p.group(3) else 1)
+        lens += [length] * count
+    if int(m.group(1)) < 1 or not lens:
+        return None
+    return PrefillCase(name=name, seqlens=tuple(lens), H=int(m.group(1)), category="irregular")
 
 
 def decode_bench_cases() -> list[DecodeCase]:
