@@ -19,7 +19,9 @@ Usage::
         [--json out.json] [--png out.png]
 
 ``--cases`` and ``--peer-cases`` keep cases whose name contains one of the comma-separated
-substrings; peers run only on ``--peer-cases`` (default: every selected case). FLA autotunes each
+substrings; a ``--cases`` key that names no case but spells a packed shape (``H16-4096+4x1K``:
+heads, then lengths or count x length, K = 1024) adds that shape (testing.shape_case). Peers run
+only on ``--peer-cases`` (default: every selected case). FLA autotunes each
 new shape on its first call (up to a minute), hence ``--peer-cases``. ``--host-lengths`` also
 gives kdakit the packed cases' offsets on the host (``cu_seqlens_cpu``), the longest-length hint
 that steers packed batches of sequences up to 1024 tokens onto the 16-token-tile kernel (the
@@ -431,7 +433,9 @@ def _kernel_breakdown(cases, repeats: int, cooldown: float, json_path: str) -> i
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m kdakit.bench.prefill", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--cases", default="", help="comma-separated name substrings (default: all)")
+    ap.add_argument("--cases", default="",
+                    help="comma-separated name substrings (default: all); a key that names no case and "
+                         "spells a packed shape, e.g. H16-4096+4x1K, adds that shape")
     ap.add_argument("--peers", default="fla,flash_kda", help="peers to time: fla, flash_kda, none")
     ap.add_argument("--peer-cases", default="", help="cases on which the peers run (default: all)")
     ap.add_argument("--fla-cases", default="",
