@@ -21,11 +21,11 @@ Usage::
 ``--cases`` and ``--peer-cases`` keep cases whose name contains one of the comma-separated
 substrings; a ``--cases`` key that names no case but spells a packed shape (``H16-4096+4x1K``:
 heads, then lengths or count x length, K = 1024) adds that shape (testing.shape_case). Peers run
-only on ``--peer-cases`` (default: every selected case). FLA autotunes each
-new shape on its first call (up to a minute), hence ``--peer-cases``. ``--host-lengths`` also
-gives kdakit the packed cases' offsets on the host (``cu_seqlens_cpu``), the longest-length hint
-that steers packed batches of sequences up to 1024 tokens onto the 16-token-tile kernel (the
-default runs leave it out, as before).
+only on ``--peer-cases`` (default: every selected case). FLA autotunes each new shape on its
+first call (up to a minute), hence ``--peer-cases``. ``--host-lengths`` also gives kdakit the
+packed cases' offsets on the host (``cu_seqlens_cpu``), the longest-length hint that steers
+packed batches of sequences up to 1024 tokens onto the 16-token-tile kernel (the default runs
+leave it out, as before).
 
 ``--pool`` (issue 7) times, on the packed cases H = 32 and H = 96, 1024x8 and mixed (fp32 V-first
 pool of 2N + 1 + entries slots, distinct random slots), each against prefill straight from the
