@@ -103,19 +103,21 @@ void dot2(const float* x, const float* y, const float* z, int32_t n, float& xz, 
 // c[r][j] += sum_k a(r, k) b[k][j] for r < R, j < N, k < D, with a(r, k) = a[r * ars + k * aks]
 // (strides, so that a transposed operand needs no copy). Blocks of 4 rows x 8 columns keep their
 // sums in registers (GCC/Clang vector types) across k; each sum still adds its terms in order
-// k = 0, 1, ..., as the plain triple loop does.
+// k = 0, 1, ..., as the plain triple loop does. lower: a is zero above its diagonal (a(r, k) = 0
+// for k > r), and those terms are skipped (a block's rows run to its last row's diagonal).
 void matmul_acc(int32_t R, int32_t N, int32_t D, const float* a, size_t ars, size_t aks,
-                const float* b, size_t ldb, float* c, size_t ldc) {
+                const float* b, size_t ldb, float* c, size_t ldc, bool lower = false) {
   constexpr int32_t kR = 4, kN = 8;
   const int32_t R4 = R - R % kR, N8 = N - N % kN;
   for (int32_t r = 0; r < R4; r += kR) {
+    const int32_t k_end = lower ? std::min(D, r + kR) : D;
     for (int32_t j = 0; j < N8; j += kN) {
       v4 acc[kR][2];
       for (int32_t rr = 0; rr < kR; ++rr) {
         std::memcpy(&acc[rr][0], c + size_t(r + rr) * ldc + j, sizeof(v4));
         std::memcpy(&acc[rr][1], c + size_t(r + rr) * ldc + j + 4, sizeof(v4));
       }
-      for (int32_t k = 0; k < D; ++k) {
+      for (int32_t k = 0; k < k_end; ++k) {
         v4 b0, b1;
         std::memcpy(&b0, b + size_t(k) * ldb + j, sizeof(v4));
         std::memcpy(&b1, b + size_t(k) * ldb + j + 4, sizeof(v4));
@@ -133,9 +135,10 @@ void matmul_acc(int32_t R, int32_t N, int32_t D, const float* a, size_t ars, siz
   }
   // the rows and columns outside the blocks
   for (int32_t r = 0; r < R; ++r) {
+    const int32_t k_end = lower ? std::min(D, r + 1) : D;
     for (int32_t j = (r < R4 ? N8 : 0); j < N; ++j) {
       float sum = c[size_t(r) * ldc + j];
-      for (int32_t k = 0; k < D; ++k)
+      for (int32_t k = 0; k < k_end; ++k)
         sum += a[size_t(r) * ars + size_t(k) * aks] * b[size_t(k) * ldb + j];
       c[size_t(r) * ldc + j] = sum;
     }
@@ -233,8 +236,8 @@ void prepare_chunk(const KdaProblem& m, int64_t row, int64_t t0, int32_t rows, i
     for (int32_t s = 0; s < C; ++s)
       tb[size_t(r) * C + s] = x.T[size_t(r) * kChunk + s] * x.beta[size_t(s)];
   }
-  matmul_acc(C, K, C, tb.data(), C, 1, x.Kt.data(), K, x.W.data(), K);
-  matmul_acc(C, V, C, tb.data(), C, 1, x.v.data(), V, x.U0.data(), V);
+  matmul_acc(C, K, C, tb.data(), C, 1, x.Kt.data(), K, x.W.data(), K, /*lower=*/true);
+  matmul_acc(C, V, C, tb.data(), C, 1, x.v.data(), V, x.U0.data(), V, /*lower=*/true);
 }
 
 void apply_chunk(const ChunkPrep& x, float* S, float* O) {
@@ -248,7 +251,7 @@ void apply_chunk(const ChunkPrep& x, float* S, float* O) {
   // --- O = Qt S0 + M U (M is zero above its diagonal)
   std::fill(O, O + ptrdiff_t(C) * V, 0.f);
   matmul_acc(C, V, K, x.Qt.data(), K, 1, S, V, O, V);
-  matmul_acc(C, V, C, x.M.data(), kChunk, 1, U.data(), V, O, V);
+  matmul_acc(C, V, C, x.M.data(), kChunk, 1, U.data(), V, O, V, /*lower=*/true);
 
   // --- S <- diag(decay) S0 + Kh^T U (row i of S depends only on row i of S0)
   for (int32_t i = 0; i < K; ++i) {
