@@ -163,7 +163,12 @@ ChunkPrep::ChunkPrep(int32_t K_, int32_t V_)
       T(size_t(kChunk) * kChunk),
       W(size_t(kChunk) * K),
       U0(size_t(kChunk) * V),
-      decay(size_t(K)) {}
+      decay(size_t(K)),
+      gamma(size_t(K)),
+      running(size_t(K)),
+      ks(size_t(K)),
+      tb(size_t(kChunk) * kChunk),
+      U(size_t(kChunk) * V) {}
 
 void prepare_chunk(const KdaProblem& m, int64_t row, int64_t t0, int32_t rows, int32_t h,
                    ChunkPrep& x) {
@@ -176,8 +181,9 @@ void prepare_chunk(const KdaProblem& m, int64_t row, int64_t t0, int32_t rows, i
   x.rows = rows;
 
   // --- load and preprocess (fp32), gate cumsum in base 2
-  std::vector<float> gamma(static_cast<size_t>(K));
-  std::vector<float> running(static_cast<size_t>(K), 0.f);
+  std::vector<float>& gamma = x.gamma;
+  std::vector<float>& running = x.running;
+  std::fill(running.begin(), running.end(), 0.f);
   for (int32_t r = 0; r < C; ++r) {
     TokenInputs<float> in{&x.qn[size_t(r) * K], &x.kn[size_t(r) * K], &x.v[size_t(r) * V],
                           gamma.data(), 0.f};
@@ -204,7 +210,7 @@ void prepare_chunk(const KdaProblem& m, int64_t row, int64_t t0, int32_t rows, i
 
   // --- L (strictly lower) and M (lower, diagonal included); exp2(b2_r - b2_s) <= 1 per element.
   //     The gated k_s row goes through a buffer so that its loop (no reduction) vectorises.
-  std::vector<float> ks(static_cast<size_t>(K));
+  std::vector<float>& ks = x.ks;
   for (int32_t r = 0; r < C; ++r) {
     const float* b2_r = &x.b2[size_t(r) * K];
     for (int32_t s = 0; s <= r; ++s) {
@@ -231,7 +237,7 @@ void prepare_chunk(const KdaProblem& m, int64_t row, int64_t t0, int32_t rows, i
   }
 
   // --- W = T diag(beta) Kt, U0 = T diag(beta) V (T diag(beta) is zero above its diagonal)
-  std::vector<float> tb(size_t(C) * C);
+  std::vector<float>& tb = x.tb;  // [C][C] here: row stride C
   for (int32_t r = 0; r < C; ++r) {
     for (int32_t s = 0; s < C; ++s)
       tb[size_t(r) * C + s] = x.T[size_t(r) * kChunk + s] * x.beta[size_t(s)];
@@ -240,13 +246,15 @@ void prepare_chunk(const KdaProblem& m, int64_t row, int64_t t0, int32_t rows, i
   matmul_acc(C, V, C, tb.data(), C, 1, x.v.data(), V, x.U0.data(), V, /*lower=*/true);
 }
 
-void apply_chunk(const ChunkPrep& x, float* S, float* O) {
+void apply_chunk(ChunkPrep& x, float* S, float* O) {
   const int32_t K = x.K, V = x.V, C = x.rows;
 
-  // --- U = U0 - W S0
-  std::vector<float> U(size_t(C) * V, 0.f);
+  // --- U = U0 - W S0 (the first C rows of the scratch)
+  std::vector<float>& U = x.U;
+  const size_t u_size = size_t(C) * V;
+  std::fill(U.begin(), U.begin() + ptrdiff_t(u_size), 0.f);
   matmul_acc(C, V, K, x.W.data(), K, 1, S, V, U.data(), V);  // W S0
-  for (size_t e = 0; e < U.size(); ++e) U[e] = x.U0[e] - U[e];
+  for (size_t e = 0; e < u_size; ++e) U[e] = x.U0[e] - U[e];
 
   // --- O = Qt S0 + M U (M is zero above its diagonal)
   std::fill(O, O + ptrdiff_t(C) * V, 0.f);

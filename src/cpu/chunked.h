@@ -34,6 +34,10 @@ struct ChunkPrep {
   std::vector<float> W;       // [kChunk][K] T diag(beta) Kt
   std::vector<float> U0;      // [kChunk][V] T diag(beta) V
   std::vector<float> decay;   // [K] exp2(b2_{C'-1})
+  // Scratch of prepare_chunk and apply_chunk, sized once here so that a chunk allocates nothing.
+  std::vector<float> gamma, running, ks;  // [K]
+  std::vector<float> tb;                  // [kChunk][kChunk] T diag(beta)
+  std::vector<float> U;                   // [kChunk][V] U0 - W S0
 
   ChunkPrep(int32_t K_, int32_t V_);
 };
@@ -44,8 +48,8 @@ void prepare_chunk(const KdaProblem& m, int64_t row, int64_t t0, int32_t rows, i
                    ChunkPrep& prep);
 
 // U = U0 - W S0, O = Qt S0 + M U, S <- diag(decay) S0 + Kh^T U. S is [K][V] (S[i * V + j]),
-// updated in place; O is [prep.rows][V].
-void apply_chunk(const ChunkPrep& prep, float* S, float* O);
+// updated in place; O is [prep.rows][V]. Writes prep's scratch (U), nothing else of it.
+void apply_chunk(ChunkPrep& prep, float* S, float* O);
 
 // The intermediates of chunk `chunk` (0-based, 64 tokens each) of sequence `seq`, value head
 // h, for host-resident params (cu_seqlens is read). Validates p; kInvalidArgument when the
