@@ -7,6 +7,7 @@
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -18,6 +19,7 @@
 #include "common/host_tensor.h"
 #include "common/prefill_checks.h"
 #include "cuda/sm90/prefill/dispatch.h"
+#include "cuda/sm90/prefill/recurrence/launch.h"
 #include "kdakit/kdakit.h"
 
 namespace kdakit::testing {
@@ -466,6 +468,94 @@ TEST(PrefillRoutedGpu, DeviceChoiceEqualsTheForcedPathBitForBit) {
                 relative_l2(routed.o, ref.o).rel_l2,
                 relative_l2(final_state_of(c, routed), final_state_of(c, ref)).rel_l2,
                 r.tile_side ? "tile kernel" : "two-kernel path");
+    EXPECT_TRUE(rel_l2_below("o", routed.o, ref.o, 4e-3));
+    EXPECT_TRUE(rel_l2_below("final state", final_state_of(c, routed), final_state_of(c, ref), 2e-3));
+    EXPECT_TRUE(rel_l2_below("chunk states", routed.chunk_states, ref.chunk_states, 2e-3));
+    if (HasFatalFailure()) return;
+  }
+}
+
+// Segment-routed calls (workspace.h, Route): a packed batch of several sequences for which the
+// host's cost model picks segments also launches the whole-sequence recurrence on 64-row CTAs,
+// and the plan kernel picks one side from the lengths (recurrence/launch.h, segments_beat_whole).
+// Each case runs three ways on the same inputs: by default (routed), with the host's segments
+// forced and with whole sequences on 64 rows forced (neither routed). The routed results must
+// equal, bit for bit, those of the side the lengths pick and differ from the other's (slow gates:
+// the state outlives a segment, so the two sides round differently), and pass the float64 bars.
+// In-place state pool with a tail, an empty sequence and chunk states, so that a second writer
+// would show. (With KDAKIT_PREFILL_SEGMENTS or KDAKIT_PREFILL_PATH set, the test skips.)
+TEST(PrefillSegmentRoutedGpu, DeviceChoiceEqualsTheForcedShapeBitForBit) {
+  if (!have_sm90()) GTEST_SKIP() << "no sm_90 GPU";
+  for (const char* env : {"KDAKIT_PREFILL_PATH", "KDAKIT_PREFILL_SEGMENTS"})
+    if (std::getenv(env) != nullptr) GTEST_SKIP() << env << " is set: nothing is segment-routed";
+  struct Routed {
+    const char* name;
+    std::vector<int64_t> seq_lens;
+    bool segments;  // the side the lengths pick (checked against the model below)
+  };
+  // H = 2, HV = 4. The host sees 9697 and 8997 tokens in 10 and 4 sequences and picks 16-chunk
+  // segments for both (any one sequence might hold them all); on the lengths, a 24-chunk longest
+  // chain is shorter than 16-chunk segments and their summaries (whole: 46 us against 61 by the
+  // model on 132 SMs), and a 128-chunk one is not (segments: 73 against 243).
+  for (const Routed& r : {Routed{"segment_routed_whole", {1500, 1024, 1024, 0, 1024, 1024, 1024, 1024, 1024, 1024},
+                                 false},
+                          Routed{"segment_routed_segments", {8192, 300, 0, 500}, true}}) {
+    PrefillCase c{.name = r.name,
+                  .seq_lens = r.seq_lens,
+                  .tail = 5,
+                  .H = 2,
+                  .HV = 4,
+                  .K = 128,
+                  .V = 128,
+                  .gate = GateMode::kPrecomputed,
+                  .has_A_log = false,
+                  .has_dt_bias = false,
+                  .slow_gate = true,
+                  .initial = StateSource::kPool,
+                  .final_state = StateSource::kPool,
+                  .extra_slots = 2,
+                  .in_place = true,
+                  .chunk_state_interval = 512};
+    Rng rng = make_rng();
+    SCOPED_TRACE(c.name + ", " + rng.trace());
+    PrefillTensors routed = make_prefill_tensors(c, rng);
+    PrefillTensors segmented = routed, whole = routed, ref = routed;
+
+    // what the dispatcher routes, and the side the model takes on these lengths
+    const PrefillParams sizes = fill_prefill_params(c, routed, host_pointers(routed));
+    const sm90::prefill::SegmentRoute route = sm90::prefill_plan_layout(sizes).segment_route;
+    ASSERT_GT(route.num_sms, 0) << "not segment-routed";
+    ASSERT_GT(route.segment_chunks, 0);
+    sm90::prefill::KnownChains chains{0, 0, 0};
+    for (int64_t len : r.seq_lens) {
+      const int64_t nc = (len + sm90::prefill::kChunk - 1) / sm90::prefill::kChunk;
+      chains.longest = std::max(chains.longest, nc);
+      chains.total += nc;
+      if (nc > route.segment_chunks) chains.full_segments += (nc + route.segment_chunks - 1) / route.segment_chunks - 1;
+    }
+    ASSERT_EQ(sm90::prefill::segments_beat_whole(chains, route, c.HV), r.segments)
+        << "the model's side on " << route.num_sms << " SMs is not the one this case is for";
+
+    ASSERT_TRUE(run_prefill_on_gpu(c, routed).ok());
+    sm90::set_prefill_segments(route.segment_chunks, route.rows);
+    const Status st_seg = run_prefill_on_gpu(c, segmented);
+    sm90::set_prefill_segments(0, 64);
+    const Status st_whole = run_prefill_on_gpu(c, whole);
+    sm90::set_prefill_segments(-1);
+    ASSERT_TRUE(st_seg.ok()) << st_seg.message();
+    ASSERT_TRUE(st_whole.ok()) << st_whole.message();
+    const PrefillTensors& picked = r.segments ? segmented : whole;
+    const PrefillTensors& other = r.segments ? whole : segmented;
+    EXPECT_TRUE(bitwise_equal("o (routed vs the picked side)", routed.o, picked.o));
+    EXPECT_TRUE(bitwise_equal("final state (routed vs the picked side)", final_state_of(c, routed),
+                              final_state_of(c, picked)));
+    EXPECT_TRUE(bitwise_equal("chunk states (routed vs the picked side)", routed.chunk_states, picked.chunk_states));
+    EXPECT_GT(relative_l2(routed.o, other.o).rel_l2, 0.0) << "the routed output is the other side's";
+    ASSERT_TRUE(run_reference_fp32_output(c, ref).ok());
+    std::printf("[%s] %d:%d segments or whole on 64 rows: rel. L2 o %.3e, final state %.3e (the %s)\n",
+                c.name.c_str(), route.segment_chunks, route.rows, relative_l2(routed.o, ref.o).rel_l2,
+                relative_l2(final_state_of(c, routed), final_state_of(c, ref)).rel_l2,
+                r.segments ? "segments" : "whole sequences");
     EXPECT_TRUE(rel_l2_below("o", routed.o, ref.o, 4e-3));
     EXPECT_TRUE(rel_l2_below("final state", final_state_of(c, routed), final_state_of(c, ref), 2e-3));
     EXPECT_TRUE(rel_l2_below("chunk states", routed.chunk_states, ref.chunk_states, 2e-3));

@@ -10,6 +10,10 @@
 //   longest         = max_n seq_len[n] (0 for N = 0): the device-side path choice of a routed call
 //   seq_order[i]    = the sequence of rank i by (seq_len descending, n ascending) for N <=
 //                     kOrderedSeqs, else i: the recurrence's launch order (workspace.h)
+//   segmented       = a segment-routed call's choice (workspace.h, Route): 1 when the host's
+//                     segments beat whole sequences on 64-row CTAs by the cost model on these
+//                     lengths (recurrence/launch.h, segments_beat_whole), else 0; 1 for any
+//                     other call (the host's choice stands)
 //
 #pragma once
 
@@ -20,6 +24,7 @@
 #include <cstdint>
 
 #include "cuda/sm90/prefill/prep/config.h"
+#include "cuda/sm90/prefill/recurrence/launch.h"
 
 namespace kdakit::sm90::prefill::prep {
 
@@ -38,7 +43,17 @@ struct PlanParams {
   int32_t* seq_len;
   int32_t* longest;
   int32_t* seq_order;
+  int32_t* segmented;
+  SegmentRoute segment_route;  // num_sms > 0: a segment-routed call (workspace.h, Route)
+  int32_t num_v_heads;
 };
+
+// The plan's `segmented` (thread 0, once the lengths are known).
+__device__ __forceinline__ void write_segment_choice(const PlanParams& p, int64_t longest_chunks, int64_t total,
+                                                     int64_t full_segments) {
+  const KnownChains k{longest_chunks, total, full_segments};
+  *p.segmented = p.segment_route.num_sms <= 0 || segments_beat_whole(k, p.segment_route, p.num_v_heads) ? 1 : 0;
+}
 
 struct MaxOp {
   __device__ __forceinline__ long long operator()(long long a, long long b) const { return a > b ? a : b; }
@@ -50,6 +65,7 @@ __global__ void __launch_bounds__(kPlanThreads) kda_prefill_plan_sm90_kernel(con
   __shared__ long long carry_pos;
   __shared__ long long carry_chunks;
   __shared__ int longest;
+  __shared__ unsigned long long full_segments;  // of a segment-routed call (write_segment_choice)
   __shared__ int lens[kPlanThreads];  // seq_len of a batch of at most kOrderedSeqs
   static_assert(kPlanThreads >= kOrderedSeqs, "the ranking holds every length in one tile");
   const int tid = threadIdx.x;
@@ -67,7 +83,12 @@ __global__ void __launch_bounds__(kPlanThreads) kda_prefill_plan_sm90_kernel(con
     for (int64_t c = tid; c < p.max_chunks; c += kPlanThreads) {
       p.chunk_seq[c] = (per_row > 0 && c < N * per_row) ? int32_t(c / per_row) : -1;
     }
-    if (tid == 0) *p.longest = N > 0 ? int32_t(T) : 0;
+    if (tid == 0) {
+      *p.longest = N > 0 ? int32_t(T) : 0;
+      const int64_t ls = p.segment_route.segment_chunks;
+      write_segment_choice(p, N > 0 ? per_row : 0, N * per_row,
+                           ls > 0 && per_row > 0 ? N * ((per_row + ls - 1) / ls - 1) : 0);
+    }
     for (int64_t n = tid; n < N; n += kPlanThreads) p.seq_order[n] = int32_t(n);
     return;
   }
@@ -95,7 +116,7 @@ __global__ void __launch_bounds__(kPlanThreads) kda_prefill_plan_sm90_kernel(con
   const long long end_all = carry_pos;
 
   // Pass 2: lengths, chunk counts and their exclusive sum.
-  if (tid == 0) carry_chunks = 0, longest = 0;
+  if (tid == 0) carry_chunks = 0, longest = 0, full_segments = 0;
   __syncthreads();
   for (int64_t base = 0; base < N; base += kPlanThreads) {
     const int64_t n = base + tid;
@@ -107,6 +128,9 @@ __global__ void __launch_bounds__(kPlanThreads) kda_prefill_plan_sm90_kernel(con
       atomicMax(&longest, int(end - start));
       if (N <= kOrderedSeqs) lens[n] = int(end - start);
       chunks = (end - start + kChunk - 1) / kChunk;
+      const int64_t ls = p.segment_route.segment_chunks;
+      if (ls > 0 && chunks > ls)
+        atomicAdd(&full_segments, (unsigned long long)((chunks + ls - 1) / ls - 1));
     }
     long long offset, tile_total;
     Scan(scan_storage).ExclusiveSum(chunks, offset, tile_total);
@@ -117,7 +141,10 @@ __global__ void __launch_bounds__(kPlanThreads) kda_prefill_plan_sm90_kernel(con
     __syncthreads();
   }
   const long long total = carry_chunks;
-  if (tid == 0) p.chunk_offsets[N] = int32_t(total), *p.longest = longest;
+  if (tid == 0) {
+    p.chunk_offsets[N] = int32_t(total), *p.longest = longest;
+    write_segment_choice(p, (longest + kChunk - 1) / kChunk, total, int64_t(full_segments));
+  }
   __syncthreads();
 
   // Launch order of the recurrence: rank of (length descending, index ascending), a permutation.

@@ -278,4 +278,50 @@ static_assert(choose_segments(1, 40960, 9, true, 8, 132).segment_chunks == 64 &&
                   choose_segments(1, 40960, 9, true, 8, 132).rows == 64,
               "H8 32K + 8 x 1K: 64-chunk segments, 64-row recurrence");
 
+// ---- a segment-routed call's device-side choice (workspace.h, Route) --------------------------
+// The packed model above charges the longest possible chain (one sequence of all T tokens); the
+// plan kernel, which sees the lengths, checks the host's segmented pick against whole sequences
+// on 64-row CTAs with the known-length chunk times: the longest chain or the work spread over
+// the SMs, whichever is longer, for each pass (pass_us), and the combine's 2 us a step of the
+// longest sequence's chain.
+// NOTE: the packed rows where the two disagree (H200 forced choices, session 26 with fp16 blocks
+// and session 25): H32 32K + 8 x 1K, where the host picks 256-chunk segments (2.41 ms in session
+// 32) and whole sequences on 64 rows measured 2.396 against 2.088 for H32 T = 32K (bf16 blocks,
+// session 25), i.e. ~0.3 ms over a call whose own T = 32K row now takes 1.82. Here 64 CTAs
+// carry the long sequence, about half the card: a summary pass of 128-row CTAs over 256 chunks
+// costs as much as the chain it saves.
+struct KnownChains {
+  int64_t longest;        // chunks of the longest sequence
+  int64_t total;          // chunks of the batch
+  int64_t full_segments;  // segments of segment_chunks chunks that are not a sequence's last
+};
+constexpr double whole_on_64_rows_us(const KnownChains& k, int32_t num_v_heads, int num_sms) {
+  constexpr RecurrenceCosts c = kKnownLengthCosts;
+  return pass_us(true, 0, k.longest, k.total * num_v_heads * 2, c.us64, num_sms);
+}
+constexpr double segmented_us(const KnownChains& k, const SegmentRoute& r, int32_t num_v_heads) {
+  constexpr RecurrenceCosts c = kKnownLengthCosts;
+  const int64_t ls = r.segment_chunks;
+  const int64_t summary_ctas = k.full_segments * num_v_heads * 2 * (kHeadDim / r.summary_rows);
+  const double summary = summary_ctas == 0 ? 0.0
+                                           : pass_us(true, summary_ctas, ls, summary_ctas * ls,
+                                                     0.75 * c.chunk_us(r.summary_rows), r.num_sms);
+  const int64_t chain = k.longest < ls ? k.longest : ls;
+  const double rec = pass_us(true, 0, chain, k.total * num_v_heads * (kHeadDim / r.rows), c.chunk_us(r.rows),
+                             r.num_sms);
+  const int64_t steps = k.longest > ls ? (k.longest + ls - 1) / ls - 1 : 0;
+  return summary + rec + kCombineUsPerSegment * double(steps) + 6.0;
+}
+// Whether the segments do the work (the plan's `segmented`): strictly faster by the model.
+constexpr bool segments_beat_whole(const KnownChains& k, const SegmentRoute& r, int32_t num_v_heads) {
+  return r.segment_chunks > 0 && segmented_us(k, r, num_v_heads) < whole_on_64_rows_us(k, num_v_heads, r.num_sms);
+}
+// The packed few-head rows (32K + 8 x 1K: 512 + 8 x 16 chunks) with the host's picks:
+static_assert(!segments_beat_whole({512, 640, 1}, {132, 64, 128, 256}, 32), "H32: whole sequences, 64 rows");
+static_assert(segments_beat_whole({512, 640, 7}, {132, 128, 128, 64}, 16), "H16: 64-chunk segments");
+static_assert(segments_beat_whole({512, 640, 7}, {132, 64, 128, 64}, 8), "H8: 64-chunk segments");
+static_assert(segments_beat_whole({512, 640, 15}, {132, 64, 128, 32}, 4), "H4: 32-chunk segments");
+// sequences no longer than a segment: nothing to split
+static_assert(!segments_beat_whole({8, 512, 0}, {132, 64, 128, 32}, 4), "H4 64 x 512: whole sequences");
+
 }  // namespace kdakit::sm90::prefill
