@@ -118,6 +118,27 @@ struct LongCase {
   const char* name;
   PrefillCase c;
 };
+// A packed batch with slow precomputed gates (the state outlives a segment), updated in place in
+// a state pool with `extra_slots` slots nobody writes, a 5-token tail and chunk states.
+PrefillCase slow_gate_pool_case(std::string name, std::vector<int64_t> seq_lens, int32_t h, int32_t hv,
+                                int extra_slots, int32_t chunk_state_interval) {
+  return PrefillCase{.name = std::move(name),
+                     .seq_lens = std::move(seq_lens),
+                     .tail = 5,
+                     .H = h,
+                     .HV = hv,
+                     .K = 128,
+                     .V = 128,
+                     .gate = GateMode::kPrecomputed,
+                     .has_A_log = false,
+                     .has_dt_bias = false,
+                     .slow_gate = true,
+                     .initial = StateSource::kPool,
+                     .final_state = StateSource::kPool,
+                     .extra_slots = extra_slots,
+                     .in_place = true,
+                     .chunk_state_interval = chunk_state_interval};
+}
 std::vector<LongCase> long_cases() {
   std::vector<LongCase> all;
   const PrefillCase one{.name = "T32K", .seqlen = 32768, .H = 1, .HV = 1, .K = 128, .V = 128,
@@ -129,22 +150,7 @@ std::vector<LongCase> long_cases() {
   longer.seqlen = 131072;
   all.push_back({"T128K", longer});
   all.push_back({"packed_long_and_short_in_place",
-                 {.name = "packed_long_and_short_in_place",
-                  .seq_lens = {1000, 20000, 0, 777, 4100},
-                  .tail = 5,
-                  .H = 1,
-                  .HV = 2,
-                  .K = 128,
-                  .V = 128,
-                  .gate = GateMode::kPrecomputed,
-                  .has_A_log = false,
-                  .has_dt_bias = false,
-                  .slow_gate = true,
-                  .initial = StateSource::kPool,
-                  .final_state = StateSource::kPool,
-                  .extra_slots = 3,
-                  .in_place = true,
-                  .chunk_state_interval = 1024}});
+                 slow_gate_pool_case("packed_long_and_short_in_place", {1000, 20000, 0, 777, 4100}, 1, 2, 3, 1024)});
   return all;
 }
 
@@ -404,6 +410,23 @@ TEST(PrefillTile16Gpu, SteepGateChannelsAgainstFloat64) {
   }
 }
 
+// The float64 bars of an fp32-state run (CONTRACT.md section 6): o, final state, chunk states.
+void expect_fp32_state_bars(const PrefillCase& c, const PrefillTensors& got, const PrefillTensors& ref) {
+  EXPECT_TRUE(rel_l2_below("o", got.o, ref.o, 4e-3));
+  EXPECT_TRUE(rel_l2_below("final state", final_state_of(c, got), final_state_of(c, ref), 2e-3));
+  EXPECT_TRUE(rel_l2_below("chunk states", got.chunk_states, ref.chunk_states, 2e-3));
+}
+
+// A routed run's o, final state and chunk states against those of the run it must equal, bit
+// for bit (`what` names that run).
+void expect_bitwise_results(const std::string& what, const PrefillCase& c, const PrefillTensors& routed,
+                            const PrefillTensors& picked) {
+  EXPECT_TRUE(bitwise_equal("o (routed vs " + what + ")", routed.o, picked.o));
+  EXPECT_TRUE(bitwise_equal("final state (routed vs " + what + ")", final_state_of(c, routed),
+                            final_state_of(c, picked)));
+  EXPECT_TRUE(bitwise_equal("chunk states (routed vs " + what + ")", routed.chunk_states, picked.chunk_states));
+}
+
 // Routed calls (dispatch.cu, route_on_device): a packed batch without the max_seqlen hint that
 // averages over 64 and at most 1024 tokens, with at least one (sequence, head) pair per SM,
 // launches the tile kernel and the two-kernel path, and the plan's longest length picks one on the
@@ -459,19 +482,14 @@ TEST(PrefillRoutedGpu, DeviceChoiceEqualsTheForcedPathBitForBit) {
     ASSERT_TRUE(st_two.ok()) << st_two.message();
     const PrefillTensors& picked = r.tile_side ? tile : two_kernel;
     const PrefillTensors& other = r.tile_side ? two_kernel : tile;
-    EXPECT_TRUE(bitwise_equal("o (routed vs the picked path)", routed.o, picked.o));
-    EXPECT_TRUE(bitwise_equal("final state (routed vs the picked path)", final_state_of(c, routed),
-                              final_state_of(c, picked)));
-    EXPECT_TRUE(bitwise_equal("chunk states (routed vs the picked path)", routed.chunk_states, picked.chunk_states));
+    expect_bitwise_results("the picked path", c, routed, picked);
     EXPECT_GT(relative_l2(routed.o, other.o).rel_l2, 0.0) << "the routed output is the other path's";
     ASSERT_TRUE(run_reference_fp32_output(c, ref).ok());
     std::printf("[%s] HV %d: rel. L2 o %.3e, final state %.3e (routed to the %s)\n", c.name.c_str(), hv,
                 relative_l2(routed.o, ref.o).rel_l2,
                 relative_l2(final_state_of(c, routed), final_state_of(c, ref)).rel_l2,
                 r.tile_side ? "tile kernel" : "two-kernel path");
-    EXPECT_TRUE(rel_l2_below("o", routed.o, ref.o, 4e-3));
-    EXPECT_TRUE(rel_l2_below("final state", final_state_of(c, routed), final_state_of(c, ref), 2e-3));
-    EXPECT_TRUE(rel_l2_below("chunk states", routed.chunk_states, ref.chunk_states, 2e-3));
+    expect_fp32_state_bars(c, routed, ref);
     if (HasFatalFailure()) return;
   }
 }
@@ -510,22 +528,7 @@ TEST(PrefillShapeRoutedGpu, DeviceChoiceEqualsTheForcedShapeBitForBit) {
         Routed{"segments_kept", {8192, 300, 0, 500}, 4, true},
         Routed{"whole128_to_whole64", {3000, 200, 0}, 24, false},
         Routed{"whole128_kept", {1100, 1100, 0, 1100}, 24, true}}) {
-    PrefillCase c{.name = r.name,
-                  .seq_lens = r.seq_lens,
-                  .tail = 5,
-                  .H = r.hv / 2,
-                  .HV = r.hv,
-                  .K = 128,
-                  .V = 128,
-                  .gate = GateMode::kPrecomputed,
-                  .has_A_log = false,
-                  .has_dt_bias = false,
-                  .slow_gate = true,
-                  .initial = StateSource::kPool,
-                  .final_state = StateSource::kPool,
-                  .extra_slots = 2,
-                  .in_place = true,
-                  .chunk_state_interval = 512};
+    const PrefillCase c = slow_gate_pool_case(r.name, r.seq_lens, r.hv / 2, r.hv, 2, 512);
     Rng rng = make_rng();
     SCOPED_TRACE(c.name + ", " + rng.trace());
     PrefillTensors routed = make_prefill_tensors(c, rng);
@@ -566,10 +569,7 @@ TEST(PrefillShapeRoutedGpu, DeviceChoiceEqualsTheForcedShapeBitForBit) {
     ASSERT_TRUE(st_whole.ok()) << st_whole.message();
     const PrefillTensors& picked = r.host_side ? host : whole64;
     const PrefillTensors& other = r.host_side ? whole64 : host;
-    EXPECT_TRUE(bitwise_equal("o (routed vs the picked side)", routed.o, picked.o));
-    EXPECT_TRUE(bitwise_equal("final state (routed vs the picked side)", final_state_of(c, routed),
-                              final_state_of(c, picked)));
-    EXPECT_TRUE(bitwise_equal("chunk states (routed vs the picked side)", routed.chunk_states, picked.chunk_states));
+    expect_bitwise_results("the picked side", c, routed, picked);
     if (route.segment_chunks > 0)
       EXPECT_GT(relative_l2(routed.o, other.o).rel_l2, 0.0) << "the routed output is the other side's";
     ASSERT_TRUE(run_reference_fp32_output(c, ref).ok());
@@ -577,9 +577,7 @@ TEST(PrefillShapeRoutedGpu, DeviceChoiceEqualsTheForcedShapeBitForBit) {
                 c.name.c_str(), route.segment_chunks, route.rows, relative_l2(routed.o, ref.o).rel_l2,
                 relative_l2(final_state_of(c, routed), final_state_of(c, ref)).rel_l2,
                 r.host_side ? "host's shape" : "64-row whole sequences");
-    EXPECT_TRUE(rel_l2_below("o", routed.o, ref.o, 4e-3));
-    EXPECT_TRUE(rel_l2_below("final state", final_state_of(c, routed), final_state_of(c, ref), 2e-3));
-    EXPECT_TRUE(rel_l2_below("chunk states", routed.chunk_states, ref.chunk_states, 2e-3));
+    expect_fp32_state_bars(c, routed, ref);
     if (HasFatalFailure()) return;
   }
 }
