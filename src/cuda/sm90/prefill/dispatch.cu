@@ -364,7 +364,10 @@ struct ChunkedCall {
 // 1K at H4..H16 and for spread-out batches (H64, H96 mixed), wrong for one long member among short
 // ones at many heads (H32 32K + 8 x 1K, ~0.3 ms; with 5 tokens more the host keeps 128-row CTAs).
 // NOTE: the 64-row recurrence's exiting CTAs cost the batches that keep the host's shape one
-// launch (~3 us at H96 for the tile/two-kernel route's exiting side, session 19).
+// launch of N x HV x 2 CTAs: ~3 us at H96 for the tile/two-kernel route's exiting recurrence side
+// (session 19), whose 13,056 exiting prep CTAs took ~15 us (~1.2 ns a CTA). So a batch of 512
+// sequences at HV = 96 (98,304 CTAs) would pay ~0.1 ms, under 1% of its prep; not measured, and
+// not bounded on the host (the host cannot tell which side will run).
 prefill::ShapeRoute shape_route(const PrefillParams& p, const prefill::SegmentChoice& seg) {
   const ForcedSegments f = forced_segments();
   const bool model = f.set ? f.model : kSegmentsByDefault;
