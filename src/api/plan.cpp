@@ -40,8 +40,7 @@ Status prefill_plan(const PrefillParams& p, cudaStream_t stream) {
   if (debug_checks_enabled()) KDAKIT_RETURN_IF_ERROR(debug_check_plan(p, stream));
   // NOTE: the same region layout and kernel that prefill's own plan step uses (dispatch.cu),
   // so a plan written here is what prefill with plan_ready = false would have written.
-  const sm90::prefill::WorkspacePlan layout = sm90::prefill::make_workspace_plan(
-      p.batch, p.seqlen, p.num_seqs, p.cu_seqlens != nullptr, p.num_v_heads);
+  const sm90::prefill::WorkspacePlan layout = sm90::prefill_plan_layout(p);
   return sm90::prefill::launch_prefill_plan(p, layout, p.workspace, stream);
 #else
   (void)stream;

@@ -54,8 +54,10 @@ class DeviceCopies {
 
 // Runs case c through kdakit::prefill on device copies of t (on the default stream, with a
 // workspace of prefill_workspace_size bytes, every byte set to workspace_fill first when it is
-// 0..255); on success the results are copied back into t.
-inline Status run_prefill_on_gpu(const PrefillCase& c, PrefillTensors& t, int workspace_fill = -1) {
+// 0..255); on success the results are copied back into t, and with workspace_head the first
+// workspace_head->size() bytes of the workspace (the plan region) into it.
+inline Status run_prefill_on_gpu(const PrefillCase& c, PrefillTensors& t, int workspace_fill = -1,
+                                 std::vector<unsigned char>* workspace_head = nullptr) {
   DeviceCopies dev;
   const PrefillPointers ptr = map_pointers(t, [&](HostTensor& x) { return dev.map(x); });
   PrefillParams p = fill_prefill_params(c, t, ptr);
@@ -69,6 +71,8 @@ inline Status run_prefill_on_gpu(const PrefillCase& c, PrefillTensors& t, int wo
   p.workspace = ws;
   const Status st = prefill(p, nullptr);
   EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  if (st.ok() && workspace_head != nullptr && ws != nullptr && workspace_head->size() <= p.workspace_bytes)
+    EXPECT_EQ(cudaMemcpy(workspace_head->data(), ws, workspace_head->size(), cudaMemcpyDeviceToHost), cudaSuccess);
   if (ws != nullptr) cudaFree(ws);
   if (st.ok()) dev.copy_back();
   return st;

@@ -357,10 +357,29 @@ struct ChunkedCall {
   prefill::SegmentChoice seg;
   prefill::WorkspacePlan plan;
 };
+// A packed batch of several sequences whose recurrence shape is the cost model's pick (not forced)
+// and not whole sequences on 64-row CTAs is shape-routed (workspace.h, Route): the plan kernel
+// checks the pick against whole sequences on 64 rows on the actual lengths. The host's packed
+// model assumes any one sequence may hold all T tokens (recurrence/launch.h): right for 32K + 8 x
+// 1K at H4..H16 and for spread-out batches (H64, H96 mixed), wrong for one long member among short
+// ones at many heads (H32 32K + 8 x 1K, ~0.3 ms; with 5 tokens more the host keeps 128-row CTAs).
+// NOTE: the 64-row recurrence's exiting CTAs cost the batches that keep the host's shape one
+// launch of N x HV x 2 CTAs: ~3 us at H96 for the tile/two-kernel route's exiting recurrence side
+// (session 19), whose 13,056 exiting prep CTAs took ~15 us (~1.2 ns a CTA). So a batch of 512
+// sequences at HV = 96 (98,304 CTAs) would pay ~0.1 ms, under 1% of its prep; not measured, and
+// not bounded on the host (the host cannot tell which side will run).
+prefill::ShapeRoute shape_route(const PrefillParams& p, const prefill::SegmentChoice& seg) {
+  const ForcedSegments f = forced_segments();
+  const bool model = f.set ? f.model : kSegmentsByDefault;
+  if (!model || p.cu_seqlens == nullptr || p.num_seqs < 2 || (seg.segment_chunks == 0 && seg.rows == 64)) return {};
+  return prefill::ShapeRoute{current_num_sms(), seg.rows, seg.summary_rows, seg.segment_chunks};
+}
+
 ChunkedCall chunked_call(const PrefillParams& p) {
   ChunkedCall c;
   c.seg = segment_choice(p);
   c.plan = plan_for(p, c.seg.segment_chunks);
+  c.plan.shape_route = shape_route(p, c.seg);
   c.plan.f16_block = f16_block(p, c.seg);
   c.plan.plan_by_prep = plan_by_prep(p);
   return c;
@@ -368,6 +387,12 @@ ChunkedCall chunked_call(const PrefillParams& p) {
 }  // namespace
 
 int32_t prefill_segment_chunks(const PrefillParams& p) { return segment_choice(p).segment_chunks; }
+
+prefill::WorkspacePlan prefill_plan_layout(const PrefillParams& p) {
+  prefill::WorkspacePlan plan = plan_for(p);
+  plan.shape_route = shape_route(p, segment_choice(p));
+  return plan;
+}
 
 bool prefill_f16_block(const PrefillParams& p) { return f16_block(p, segment_choice(p)); }
 
@@ -512,12 +537,16 @@ Status run_prefill(const PrefillParams& p, cudaStream_t stream) {
   if (!st.ok()) return st;
 
   const int rows = seg.rows;
+  const bool shape_routed = plan.shape_route.num_sms > 0;
   if (print)
     std::fprintf(stderr,
                  "kdakit prefill: N=%lld HV=%d max_chunks=%lld recurrence value_rows=%d segment_chunks=%d "
-                 "(summary rows %d; model %.0f us, whole sequences %.0f us) block %s\n",
+                 "(summary rows %d; model %.0f us, whole sequences %.0f us) block %s%s\n",
                  (long long)p.num_seqs, p.num_v_heads, (long long)plan.max_chunks, rows, seg.segment_chunks,
-                 seg.summary_rows, seg.predicted_us, seg.unsegmented_us, plan.f16_block ? "fp16" : "bf16");
+                 seg.summary_rows, seg.predicted_us, seg.unsegmented_us, plan.f16_block ? "fp16" : "bf16",
+                 shape_routed ? "; shape-routed: the plan kernel picks this shape or whole sequences on 64 value "
+                                "rows by the lengths"
+                              : "");
   if (plan.segment_chunks > 0) {
     st = seg.summary_rows == 64 ? prefill::launch_prefill_summaries<64>(p, plan, p.workspace, stream)
                                 : prefill::launch_prefill_summaries<128>(p, plan, p.workspace, stream);
@@ -526,13 +555,20 @@ Status run_prefill(const PrefillParams& p, cudaStream_t stream) {
     if (!st.ok()) return st;
   }
   switch (rows) {
-    case 16: return prefill::launch_prefill_recurrence<16>(p, plan, p.workspace, stream);
-    case 32: return prefill::launch_prefill_recurrence<32>(p, plan, p.workspace, stream);
-    case 64: return prefill::launch_prefill_recurrence<64>(p, plan, p.workspace, stream);
-    case 128: return prefill::launch_prefill_recurrence<128>(p, plan, p.workspace, stream);
+    case 16: st = prefill::launch_prefill_recurrence<16>(p, plan, p.workspace, stream); break;
+    case 32: st = prefill::launch_prefill_recurrence<32>(p, plan, p.workspace, stream); break;
+    case 64: st = prefill::launch_prefill_recurrence<64>(p, plan, p.workspace, stream); break;
+    case 128: st = prefill::launch_prefill_recurrence<128>(p, plan, p.workspace, stream); break;
     default: return Status(StatusCode::kInternal, "prefill: value rows per CTA must be 16, 32, 64 or 128, got " +
                                                       std::to_string(rows));
   }
+  if (!st.ok() || !shape_routed) return st;
+  // the other side of a shape-routed call: whole sequences (no segments in its plan), 64 rows
+  prefill::WorkspacePlan whole = plan;
+  whole.segment_chunks = 0;
+  whole.max_segments = 1;
+  whole.other_shape = true;
+  return prefill::launch_prefill_recurrence<64>(p, whole, p.workspace, stream);
 }
 
 }  // namespace kdakit::sm90

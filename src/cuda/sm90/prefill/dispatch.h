@@ -4,6 +4,7 @@
 
 #include <cstdint>
 
+#include "cuda/sm90/prefill/workspace.h"
 #include "kdakit/kdakit.h"
 
 namespace kdakit::sm90 {
@@ -43,6 +44,11 @@ bool prefill_f16_block(const PrefillParams& p);
 // Segment length (chunks) the two-kernel path takes for this call now (0: whole sequences), after
 // the overrides; reads no device memory.
 int32_t prefill_segment_chunks(const PrefillParams& p);
+
+// The plan region's layout and what the plan kernel decides for this batch: prefill_plan's
+// plan is the one run_prefill would write (a segment-routed call's inputs included, workspace.h,
+// Route). Reads no device memory.
+prefill::WorkspacePlan prefill_plan_layout(const PrefillParams& p);
 
 // Device workspace bytes run_prefill needs for these sizes (reads no device memory).
 size_t prefill_workspace_size(const PrefillParams& p);

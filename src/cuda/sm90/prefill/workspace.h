@@ -61,6 +61,9 @@ static_assert(kChunkBlockBytes % 128 == 0, "chunk blocks must stay 128-byte alig
 //   int64 seq_start[N]                first token (row offset within batch row / packed row)
 //   int32 seq_len[N]                  tokens of each sequence (0 for an empty one)
 //   int32 longest                     the largest seq_len (0 for N = 0), for a routed call (Route)
+//   int32 host_shape                  a shape-routed call's device-side choice (ShapeRoute): 1
+//                                     the host's recurrence shape runs, 0 whole sequences on
+//                                     64-row CTAs; 1 when the call is not shape-routed
 //   int32 seq_order[N]                the sequences in the recurrence's launch order: by length,
 //                                     longest first (ties by index), when N <= kOrderedSeqs;
 //                                     the identity for more sequences
@@ -105,9 +108,30 @@ constexpr int64_t segment_slot(int64_t c0, int64_t s, int64_t ls) { return (c0 +
 // the plan-reading kernels of the two-kernel path (prep, summaries, combine, recurrence) iff not;
 // the other side's CTAs exit before reading anything else. longest == nullptr (every other call):
 // every kernel runs.
+// A shape-routed call: a packed batch of several sequences whose recurrence shape (segments or
+// whole sequences, value rows per CTA) the host's cost model picks (recurrence/launch.h,
+// choose_segments) as anything but whole sequences on 64-row CTAs. That model must assume any one
+// sequence may hold all T tokens; with one long member among short ones it can be far off (H32
+// 32K + 8 x 1K: 256-chunk segments, or whole sequences on 128 rows for 5 tokens more). The call
+// also launches the whole-sequence recurrence on 64-row CTAs after the host's shape, and the plan
+// kernel, which sees the lengths, writes `host_shape` from the known-length cost model on the
+// actual chains (host_shape_wins): 1, the host's shape (its summaries, combine and recurrence)
+// does the work; 0, the whole-sequence 64-row recurrence does. The prep kernel runs either way.
+// Route::host_shape == nullptr (every other call): no such choice.
 struct Route {
   const int32_t* longest;
   int32_t bound;
+  const int32_t* host_shape;  // the plan's choice of a shape-routed call, or nullptr
+  int32_t host_side;          // 1: a kernel of the host's shape; 0: the 64-row whole-sequence recurrence
+};
+
+// What the plan kernel needs for a shape-routed call's choice (all zero otherwise): the host's
+// shape (segment_chunks 0 for whole sequences) and the SM count it assumed.
+struct ShapeRoute {
+  int32_t num_sms;  // > 0: a shape-routed call
+  int32_t rows;     // value rows per CTA of the host shape's recurrence
+  int32_t summary_rows;
+  int32_t segment_chunks;
 };
 
 struct WorkspacePlan {
@@ -119,6 +143,7 @@ struct WorkspacePlan {
   size_t seq_start_offset;
   size_t seq_len_offset;
   size_t longest_offset;
+  size_t host_shape_offset;  // in longest's 16-byte slot
   size_t seq_order_offset;
   size_t chunk_blocks_offset;
   int32_t segment_chunks;     // Ls; 0 = whole sequences (no segment area)
@@ -130,6 +155,11 @@ struct WorkspacePlan {
   // Qt, W, Kh and M of the chunk blocks as fp16, and no Kh lo (the recurrence's fp16 products,
   // docs/design/20261204-prefill-fp16-recurrence.md); set by the dispatcher. false: bf16, Kh hi + lo.
   bool f16_block;
+  // A shape-routed call (Route; set by the dispatcher, and by prefill_plan for its plan kernel):
+  // num_sms > 0. other_shape: the plan of its 64-row whole-sequence recurrence (the dispatcher's
+  // copy for that launch); false for the host shape's kernels and every other call.
+  ShapeRoute shape_route;
+  bool other_shape;
   // A fixed batch (T > 0) or a packed single sequence (not routed) on the two-kernel path whose
   // plan entries the prep kernel writes (prep/config.h, PrepParams), so that no plan kernel runs
   // (dispatch.cu); set by the dispatcher.
@@ -155,7 +185,8 @@ inline WorkspacePlan make_workspace_plan(int64_t batch, int64_t seqlen, int64_t 
   w.seq_len_offset = off;
   off = align_up(off + sizeof(int32_t) * size_t(num_seqs), 16);
   w.longest_offset = off;
-  off = align_up(off + sizeof(int32_t), 16);
+  w.host_shape_offset = off + sizeof(int32_t);
+  off = align_up(off + 2 * sizeof(int32_t), 16);
   w.seq_order_offset = off;
   off = align_up(off + sizeof(int32_t) * size_t(num_seqs), 128);
   w.chunk_blocks_offset = off;
@@ -171,11 +202,20 @@ inline WorkspacePlan make_workspace_plan(int64_t batch, int64_t seqlen, int64_t 
   return w;
 }
 
-// The kernels' view of a plan's route (longest == nullptr unless the call is routed).
+// The kernels' view of a plan's routes (longest == nullptr unless the call is routed to the tile
+// kernel or the two-kernel path, host_shape == nullptr unless it is shape-routed).
 inline Route route_of(const WorkspacePlan& w, const void* workspace) {
-  if (w.route_bound < 0) return Route{nullptr, 0};
-  return Route{reinterpret_cast<const int32_t*>(static_cast<const uint8_t*>(workspace) + w.longest_offset),
-               w.route_bound};
+  const auto* base = static_cast<const uint8_t*>(workspace);
+  Route r{nullptr, 0, nullptr, 0};
+  if (w.route_bound >= 0) {
+    r.longest = reinterpret_cast<const int32_t*>(base + w.longest_offset);
+    r.bound = w.route_bound;
+  }
+  if (w.shape_route.num_sms > 0) {
+    r.host_shape = reinterpret_cast<const int32_t*>(base + w.host_shape_offset);
+    r.host_side = w.other_shape ? 0 : 1;
+  }
+  return r;
 }
 
 #if defined(__CUDACC__)
@@ -183,6 +223,12 @@ inline Route route_of(const WorkspacePlan& w, const void* workspace) {
 // value the plan kernel wrote in an earlier launch).
 __device__ __forceinline__ bool tile_side_runs(const Route& r) { return r.longest == nullptr || *r.longest <= r.bound; }
 __device__ __forceinline__ bool chunk_side_runs(const Route& r) { return r.longest == nullptr || *r.longest > r.bound; }
+// The summaries, combine and recurrence kernels: the two-kernel side, and this kernel's side of a
+// shape-routed call (the prep kernel serves both shapes: chunk_side_runs). Any value the word may
+// hold picks exactly one side (0 the 64-row whole-sequence recurrence, else the host's shape).
+__device__ __forceinline__ bool recurrence_side_runs(const Route& r) {
+  return chunk_side_runs(r) && (r.host_shape == nullptr || (*r.host_shape != 0) == (r.host_side != 0));
+}
 #endif
 
 }  // namespace kdakit::sm90::prefill

@@ -7,8 +7,10 @@
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <string>
 #include <utility>
 #include <vector>
@@ -18,6 +20,7 @@
 #include "common/host_tensor.h"
 #include "common/prefill_checks.h"
 #include "cuda/sm90/prefill/dispatch.h"
+#include "cuda/sm90/prefill/recurrence/launch.h"
 #include "kdakit/kdakit.h"
 
 namespace kdakit::testing {
@@ -115,6 +118,27 @@ struct LongCase {
   const char* name;
   PrefillCase c;
 };
+// A packed batch with slow precomputed gates (the state outlives a segment), updated in place in
+// a state pool with `extra_slots` slots nobody writes, a 5-token tail and chunk states.
+PrefillCase slow_gate_pool_case(std::string name, std::vector<int64_t> seq_lens, int32_t h, int32_t hv,
+                                int extra_slots, int32_t chunk_state_interval) {
+  return PrefillCase{.name = std::move(name),
+                     .seq_lens = std::move(seq_lens),
+                     .tail = 5,
+                     .H = h,
+                     .HV = hv,
+                     .K = 128,
+                     .V = 128,
+                     .gate = GateMode::kPrecomputed,
+                     .has_A_log = false,
+                     .has_dt_bias = false,
+                     .slow_gate = true,
+                     .initial = StateSource::kPool,
+                     .final_state = StateSource::kPool,
+                     .extra_slots = extra_slots,
+                     .in_place = true,
+                     .chunk_state_interval = chunk_state_interval};
+}
 std::vector<LongCase> long_cases() {
   std::vector<LongCase> all;
   const PrefillCase one{.name = "T32K", .seqlen = 32768, .H = 1, .HV = 1, .K = 128, .V = 128,
@@ -126,22 +150,7 @@ std::vector<LongCase> long_cases() {
   longer.seqlen = 131072;
   all.push_back({"T128K", longer});
   all.push_back({"packed_long_and_short_in_place",
-                 {.name = "packed_long_and_short_in_place",
-                  .seq_lens = {1000, 20000, 0, 777, 4100},
-                  .tail = 5,
-                  .H = 1,
-                  .HV = 2,
-                  .K = 128,
-                  .V = 128,
-                  .gate = GateMode::kPrecomputed,
-                  .has_A_log = false,
-                  .has_dt_bias = false,
-                  .slow_gate = true,
-                  .initial = StateSource::kPool,
-                  .final_state = StateSource::kPool,
-                  .extra_slots = 3,
-                  .in_place = true,
-                  .chunk_state_interval = 1024}});
+                 slow_gate_pool_case("packed_long_and_short_in_place", {1000, 20000, 0, 777, 4100}, 1, 2, 3, 1024)});
   return all;
 }
 
@@ -401,6 +410,23 @@ TEST(PrefillTile16Gpu, SteepGateChannelsAgainstFloat64) {
   }
 }
 
+// The float64 bars of an fp32-state run (CONTRACT.md section 6): o, final state, chunk states.
+void expect_fp32_state_bars(const PrefillCase& c, const PrefillTensors& got, const PrefillTensors& ref) {
+  EXPECT_TRUE(rel_l2_below("o", got.o, ref.o, 4e-3));
+  EXPECT_TRUE(rel_l2_below("final state", final_state_of(c, got), final_state_of(c, ref), 2e-3));
+  EXPECT_TRUE(rel_l2_below("chunk states", got.chunk_states, ref.chunk_states, 2e-3));
+}
+
+// A routed run's o, final state and chunk states against those of the run it must equal, bit
+// for bit (`what` names that run).
+void expect_bitwise_results(const std::string& what, const PrefillCase& c, const PrefillTensors& routed,
+                            const PrefillTensors& picked) {
+  EXPECT_TRUE(bitwise_equal("o (routed vs " + what + ")", routed.o, picked.o));
+  EXPECT_TRUE(bitwise_equal("final state (routed vs " + what + ")", final_state_of(c, routed),
+                            final_state_of(c, picked)));
+  EXPECT_TRUE(bitwise_equal("chunk states (routed vs " + what + ")", routed.chunk_states, picked.chunk_states));
+}
+
 // Routed calls (dispatch.cu, route_on_device): a packed batch without the max_seqlen hint that
 // averages over 64 and at most 1024 tokens, with at least one (sequence, head) pair per SM,
 // launches the tile kernel and the two-kernel path, and the plan's longest length picks one on the
@@ -456,19 +482,102 @@ TEST(PrefillRoutedGpu, DeviceChoiceEqualsTheForcedPathBitForBit) {
     ASSERT_TRUE(st_two.ok()) << st_two.message();
     const PrefillTensors& picked = r.tile_side ? tile : two_kernel;
     const PrefillTensors& other = r.tile_side ? two_kernel : tile;
-    EXPECT_TRUE(bitwise_equal("o (routed vs the picked path)", routed.o, picked.o));
-    EXPECT_TRUE(bitwise_equal("final state (routed vs the picked path)", final_state_of(c, routed),
-                              final_state_of(c, picked)));
-    EXPECT_TRUE(bitwise_equal("chunk states (routed vs the picked path)", routed.chunk_states, picked.chunk_states));
+    expect_bitwise_results("the picked path", c, routed, picked);
     EXPECT_GT(relative_l2(routed.o, other.o).rel_l2, 0.0) << "the routed output is the other path's";
     ASSERT_TRUE(run_reference_fp32_output(c, ref).ok());
     std::printf("[%s] HV %d: rel. L2 o %.3e, final state %.3e (routed to the %s)\n", c.name.c_str(), hv,
                 relative_l2(routed.o, ref.o).rel_l2,
                 relative_l2(final_state_of(c, routed), final_state_of(c, ref)).rel_l2,
                 r.tile_side ? "tile kernel" : "two-kernel path");
-    EXPECT_TRUE(rel_l2_below("o", routed.o, ref.o, 4e-3));
-    EXPECT_TRUE(rel_l2_below("final state", final_state_of(c, routed), final_state_of(c, ref), 2e-3));
-    EXPECT_TRUE(rel_l2_below("chunk states", routed.chunk_states, ref.chunk_states, 2e-3));
+    expect_fp32_state_bars(c, routed, ref);
+    if (HasFatalFailure()) return;
+  }
+}
+
+// Shape-routed calls (workspace.h, Route): a packed batch of several sequences whose recurrence
+// shape the host's cost model picks as anything but whole sequences on 64-row CTAs also launches
+// the whole-sequence recurrence on 64 rows, and the plan kernel picks one side from the lengths
+// (recurrence/launch.h, host_shape_wins). Each case runs three ways on the same inputs: by
+// default (routed), with the host's shape forced and with whole sequences on 64 rows forced
+// (neither routed). The routed results must equal, bit for bit, those of the side the lengths
+// pick, and pass the float64 bars; the plan's host_shape word must name that side. Segments
+// against whole sequences round differently (slow gates: the state outlives a segment), so there
+// the routed results must also differ from the other side's; whole sequences on 128 and 64 rows
+// may agree bit for bit (value rows never mix). In-place state pool with a tail, an empty
+// sequence and chunk states, so that a second writer would show. (With KDAKIT_PREFILL_SEGMENTS or
+// KDAKIT_PREFILL_PATH set, the test skips.)
+TEST(PrefillShapeRoutedGpu, DeviceChoiceEqualsTheForcedShapeBitForBit) {
+  if (!have_sm90()) GTEST_SKIP() << "no sm_90 GPU";
+  for (const char* env : {"KDAKIT_PREFILL_PATH", "KDAKIT_PREFILL_SEGMENTS"})
+    if (std::getenv(env) != nullptr) GTEST_SKIP() << env << " is set: nothing is shape-routed";
+  struct Routed {
+    const char* name;
+    std::vector<int64_t> seq_lens;
+    int32_t hv;
+    bool host_side;  // the side the lengths pick (checked against the model below)
+  };
+  // HV = 4: the host sees 9697 and 8997 tokens in 10 and 4 sequences and picks 16-chunk segments
+  // for both (any one sequence might hold them all); on the lengths, a 24-chunk longest chain is
+  // shorter than 16-chunk segments and their summaries (46 us against 61 by the model on 132 SMs),
+  // and a 128-chunk one is not (73 against 243). HV = 24: 72 and 96 (sequence, head) pairs, so the
+  // host keeps whole sequences on 128-row CTAs; one 47-chunk member beside short ones runs faster
+  // on 64 rows (89 against 160), three of 18 chunks do not (61 against 68: 72 CTAs of 128 rows
+  // in one wave, 144 of 64 rows in two).
+  for (const Routed& r :
+       {Routed{"segments_to_whole64", {1500, 1024, 1024, 0, 1024, 1024, 1024, 1024, 1024, 1024}, 4, false},
+        Routed{"segments_kept", {8192, 300, 0, 500}, 4, true},
+        Routed{"whole128_to_whole64", {3000, 200, 0}, 24, false},
+        Routed{"whole128_kept", {1100, 1100, 0, 1100}, 24, true}}) {
+    const PrefillCase c = slow_gate_pool_case(r.name, r.seq_lens, r.hv / 2, r.hv, 2, 512);
+    Rng rng = make_rng();
+    SCOPED_TRACE(c.name + ", " + rng.trace());
+    PrefillTensors routed = make_prefill_tensors(c, rng);
+    PrefillTensors host = routed, whole64 = routed, ref = routed;
+
+    // what the dispatcher routes, and the side the model takes on these lengths (the plan
+    // kernel's KnownChains: chains longest first, the stacked bound per launch rank)
+    const PrefillParams sizes = fill_prefill_params(c, routed, host_pointers(routed));
+    const sm90::prefill::WorkspacePlan layout = sm90::prefill_plan_layout(sizes);
+    const sm90::prefill::ShapeRoute route = layout.shape_route;
+    ASSERT_GT(route.num_sms, 0) << "not shape-routed";
+    std::vector<int64_t> chains;
+    for (int64_t len : r.seq_lens) chains.push_back((len + sm90::prefill::kChunk - 1) / sm90::prefill::kChunk);
+    std::sort(chains.rbegin(), chains.rend());
+    sm90::prefill::KnownChains k{chains[0], 0, 0, 0, 0};
+    for (size_t i = 0; i < chains.size(); ++i) {
+      const int64_t nc = chains[i];
+      k.total += nc;
+      if (route.segment_chunks > 0 && nc > route.segment_chunks)
+        k.full_segments += (nc + route.segment_chunks - 1) / route.segment_chunks - 1;
+      k.stacked64 = std::max(k.stacked64, sm90::prefill::stacked_term(int64_t(i), nc, c.HV, 64, route.num_sms));
+      k.stacked_host = std::max(k.stacked_host, sm90::prefill::stacked_term(int64_t(i), nc, c.HV, route.rows, route.num_sms));
+    }
+    ASSERT_EQ(sm90::prefill::host_shape_wins(k, route, c.HV), r.host_side)
+        << "the model's side on " << route.num_sms << " SMs is not the one this case is for";
+
+    std::vector<unsigned char> plan_region(layout.host_shape_offset + sizeof(int32_t));
+    ASSERT_TRUE(run_prefill_on_gpu(c, routed, 0xff, &plan_region).ok());
+    int32_t host_shape = -1;
+    std::memcpy(&host_shape, plan_region.data() + layout.host_shape_offset, sizeof(int32_t));
+    EXPECT_EQ(host_shape, r.host_side ? 1 : 0) << "the plan's host_shape";
+    sm90::set_prefill_segments(route.segment_chunks, route.rows);
+    const Status st_host = run_prefill_on_gpu(c, host);
+    sm90::set_prefill_segments(0, 64);
+    const Status st_whole = run_prefill_on_gpu(c, whole64);
+    sm90::set_prefill_segments(-1);
+    ASSERT_TRUE(st_host.ok()) << st_host.message();
+    ASSERT_TRUE(st_whole.ok()) << st_whole.message();
+    const PrefillTensors& picked = r.host_side ? host : whole64;
+    const PrefillTensors& other = r.host_side ? whole64 : host;
+    expect_bitwise_results("the picked side", c, routed, picked);
+    if (route.segment_chunks > 0)
+      EXPECT_GT(relative_l2(routed.o, other.o).rel_l2, 0.0) << "the routed output is the other side's";
+    ASSERT_TRUE(run_reference_fp32_output(c, ref).ok());
+    std::printf("[%s] host shape %d:%d or whole on 64 rows: rel. L2 o %.3e, final state %.3e (the %s)\n",
+                c.name.c_str(), route.segment_chunks, route.rows, relative_l2(routed.o, ref.o).rel_l2,
+                relative_l2(final_state_of(c, routed), final_state_of(c, ref)).rel_l2,
+                r.host_side ? "host's shape" : "64-row whole sequences");
+    expect_fp32_state_bars(c, routed, ref);
     if (HasFatalFailure()) return;
   }
 }

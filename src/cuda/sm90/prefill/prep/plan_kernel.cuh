@@ -10,6 +10,10 @@
 //   longest         = max_n seq_len[n] (0 for N = 0): the device-side path choice of a routed call
 //   seq_order[i]    = the sequence of rank i by (seq_len descending, n ascending) for N <=
 //                     kOrderedSeqs, else i: the recurrence's launch order (workspace.h)
+//   host_shape      = a shape-routed call's choice (workspace.h, Route): 1 when the host's
+//                     recurrence shape beats whole sequences on 64-row CTAs by the cost model on
+//                     these lengths (recurrence/launch.h, host_shape_wins), else 0; 1 for any
+//                     other call (the host's choice stands)
 //
 #pragma once
 
@@ -20,6 +24,7 @@
 #include <cstdint>
 
 #include "cuda/sm90/prefill/prep/config.h"
+#include "cuda/sm90/prefill/recurrence/launch.h"
 
 namespace kdakit::sm90::prefill::prep {
 
@@ -38,7 +43,15 @@ struct PlanParams {
   int32_t* seq_len;
   int32_t* longest;
   int32_t* seq_order;
+  int32_t* host_shape;
+  ShapeRoute shape_route;  // num_sms > 0: a shape-routed call (workspace.h, Route)
+  int32_t num_v_heads;
 };
+
+// The plan's `host_shape` (thread 0, once the lengths are known).
+__device__ __forceinline__ void write_shape_choice(const PlanParams& p, const KnownChains& k) {
+  *p.host_shape = p.shape_route.num_sms <= 0 || host_shape_wins(k, p.shape_route, p.num_v_heads) ? 1 : 0;
+}
 
 struct MaxOp {
   __device__ __forceinline__ long long operator()(long long a, long long b) const { return a > b ? a : b; }
@@ -50,6 +63,8 @@ __global__ void __launch_bounds__(kPlanThreads) kda_prefill_plan_sm90_kernel(con
   __shared__ long long carry_pos;
   __shared__ long long carry_chunks;
   __shared__ int longest;
+  // a shape-routed call's KnownChains (write_shape_choice)
+  __shared__ unsigned long long full_segments, stacked64, stacked_host;
   __shared__ int lens[kPlanThreads];  // seq_len of a batch of at most kOrderedSeqs
   static_assert(kPlanThreads >= kOrderedSeqs, "the ranking holds every length in one tile");
   const int tid = threadIdx.x;
@@ -67,7 +82,10 @@ __global__ void __launch_bounds__(kPlanThreads) kda_prefill_plan_sm90_kernel(con
     for (int64_t c = tid; c < p.max_chunks; c += kPlanThreads) {
       p.chunk_seq[c] = (per_row > 0 && c < N * per_row) ? int32_t(c / per_row) : -1;
     }
-    if (tid == 0) *p.longest = N > 0 ? int32_t(T) : 0;
+    if (tid == 0) {
+      *p.longest = N > 0 ? int32_t(T) : 0;
+      *p.host_shape = 1;  // fixed batches are not shape-routed: the host's shape
+    }
     for (int64_t n = tid; n < N; n += kPlanThreads) p.seq_order[n] = int32_t(n);
     return;
   }
@@ -95,7 +113,7 @@ __global__ void __launch_bounds__(kPlanThreads) kda_prefill_plan_sm90_kernel(con
   const long long end_all = carry_pos;
 
   // Pass 2: lengths, chunk counts and their exclusive sum.
-  if (tid == 0) carry_chunks = 0, longest = 0;
+  if (tid == 0) carry_chunks = 0, longest = 0, full_segments = 0, stacked64 = 0, stacked_host = 0;
   __syncthreads();
   for (int64_t base = 0; base < N; base += kPlanThreads) {
     const int64_t n = base + tid;
@@ -107,6 +125,9 @@ __global__ void __launch_bounds__(kPlanThreads) kda_prefill_plan_sm90_kernel(con
       atomicMax(&longest, int(end - start));
       if (N <= kOrderedSeqs) lens[n] = int(end - start);
       chunks = (end - start + kChunk - 1) / kChunk;
+      const int64_t ls = p.shape_route.segment_chunks;
+      if (ls > 0 && chunks > ls)
+        atomicAdd(&full_segments, (unsigned long long)((chunks + ls - 1) / ls - 1));
     }
     long long offset, tile_total;
     Scan(scan_storage).ExclusiveSum(chunks, offset, tile_total);
@@ -119,8 +140,12 @@ __global__ void __launch_bounds__(kPlanThreads) kda_prefill_plan_sm90_kernel(con
   const long long total = carry_chunks;
   if (tid == 0) p.chunk_offsets[N] = int32_t(total), *p.longest = longest;
   __syncthreads();
+  const int64_t longest_chunks = (longest + kChunk - 1) / kChunk;
+  const ShapeRoute& route = p.shape_route;
+  const bool routed = route.num_sms > 0;
 
-  // Launch order of the recurrence: rank of (length descending, index ascending), a permutation.
+  // Launch order of the recurrence: rank of (length descending, index ascending), a permutation;
+  // a shape-routed call's stacked chains (recurrence/launch.h, KnownChains) by the same ranks.
   if (N <= kOrderedSeqs) {
     if (tid < N) {
       const int mine = lens[tid];
@@ -130,9 +155,24 @@ __global__ void __launch_bounds__(kPlanThreads) kda_prefill_plan_sm90_kernel(con
         rank += (other > mine || (other == mine && m < tid)) ? 1 : 0;
       }
       p.seq_order[rank] = tid;
+      if (routed) {
+        const int64_t chain = (mine + kChunk - 1) / kChunk;
+        atomicMax(&stacked64, (unsigned long long)stacked_term(rank, chain, p.num_v_heads, 64, route.num_sms));
+        atomicMax(&stacked_host,
+                  (unsigned long long)stacked_term(rank, chain, p.num_v_heads, route.rows, route.num_sms));
+      }
     }
   } else {
     for (int64_t n = tid; n < N; n += kPlanThreads) p.seq_order[n] = int32_t(n);
+    if (tid == 0 && routed) {  // unranked: the longest chain's term alone
+      stacked64 = stacked_term(0, longest_chunks, p.num_v_heads, 64, route.num_sms);
+      stacked_host = stacked_term(0, longest_chunks, p.num_v_heads, route.rows, route.num_sms);
+    }
+  }
+  __syncthreads();
+  if (tid == 0) {
+    write_shape_choice(p, KnownChains{longest_chunks, total, int64_t(full_segments), int64_t(stacked64),
+                                      int64_t(stacked_host)});
   }
 
   // Pass 3: chunk -> sequence. The largest n with chunk_offsets[n] <= c skips empty sequences.

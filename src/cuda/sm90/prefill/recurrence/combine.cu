@@ -102,7 +102,7 @@ __global__ void __launch_bounds__(kThreads, 1) kda_prefill_combine_sm90_kernel(c
   const int HV = p.num_v_heads;
   const int h = int(blockIdx.x % unsigned(HV));
   const int n = int(blockIdx.x / unsigned(HV));
-  if (!chunk_side_runs(p.route)) return;  // a routed call the tile kernel takes
+  if (!recurrence_side_runs(p.route)) return;  // a routed call whose other side does the work
   const Chain chain = chain_of(p, n);
   if (chain.nseg < 2) return;
   const int full_segments = chain.nseg - 1;
@@ -204,7 +204,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int pair = int(blockIdx.x / unsigned(kRowBlocks));
   const int h = pair % HV;
   const int n = pair / HV;
-  if (!chunk_side_runs(p.route)) return;  // the whole cluster returns: one value for the grid
+  if (!recurrence_side_runs(p.route)) return;  // the whole cluster returns: one value for the grid
   const Chain chain = chain_of(p, n);
   if (chain.nseg < 2) return;  // the whole cluster returns: same (n, h)
   const int full_segments = chain.nseg - 1;

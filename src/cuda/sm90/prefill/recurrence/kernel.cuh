@@ -302,7 +302,7 @@ __global__ void __launch_bounds__(Config<kValueRows>::kThreads) __maxnreg__(Conf
   uint8_t* smem = smem_raw + ((1024u - (ptx::smem_addr(smem_raw) & 1023u)) & 1023u);
   uint64_t* full = reinterpret_cast<uint64_t*>(smem + Smem::kBarrierOffset);
   uint64_t* empty = full + kStages;
-  if (!chunk_side_runs(p.route)) return;  // a routed call the tile kernel takes
+  if (!recurrence_side_runs(p.route)) return;  // a routed call whose other side does the work
 
   // NOTE: the slices of one (sequence, head) are neighbours in launch order, so they run at the
   // same time and the second one reads the shared Qt/W/Kh/M of each chunk from L2.

@@ -278,4 +278,104 @@ static_assert(choose_segments(1, 40960, 9, true, 8, 132).segment_chunks == 64 &&
                   choose_segments(1, 40960, 9, true, 8, 132).rows == 64,
               "H8 32K + 8 x 1K: 64-chunk segments, 64-row recurrence");
 
+// ---- a shape-routed call's device-side choice (workspace.h, Route) ----------------------------
+// The packed model above charges the longest possible chain (one sequence of all T tokens); the
+// plan kernel, which sees the lengths, checks the host's shape against whole sequences on 64-row
+// CTAs with the known-length chunk times. A whole-sequence pass takes the longer of the work
+// spread over the SMs and the stacked chains: with the sequences by length, longest first (the
+// launch order), the k longest give n_k CTAs of at least c_k chunks each (c_k the k-th longest
+// chain), so some SM runs ceil(n_k / SMs) of them, at least ceil(n_k / SMs) c_k chunks; the
+// largest such product over k (k = 1: the longest chain; equal lengths: whole waves). A segmented
+// shape takes its summary pass, 2 us a combine step of the longest chain and its recurrence pass,
+// each the longer of spread work and one segment's chain (as the packed model).
+// NOTE: where the two models disagree (host's packed model, then this one on the lengths, us):
+// - H32 32K + 8 x 1K (512 + 8 x 16 chunks): the host picks 256-chunk segments (1251 by this model
+//   against 973 for whole on 64 rows; 2.41 ms in session 32, and whole on 64 rows measured 2.396
+//   against 2.088 for H32 T = 32K with bf16 blocks, session 25: ~0.3 ms more than its extra
+//   tokens' prep). The summary pass on 128-row CTAs over 256 chunks costs what it saves.
+// - The same with 5 more tokens (T = 40965): the host keeps whole sequences on 128 rows (1741
+//   against 973): 288 (sequence, head) pairs are more than half the SMs, so whole_sequences does
+//   not split V, and the long member's 32 CTAs run 512 chunks at 128 rows. Likewise H32 16K +
+//   16 x 512 (870 against 486) and H64 16K + 8 x 1K (870 against 707).
+// - Spread-bound batches keep the host's shape: H64 mixed (whole, 128 rows: 216 against 241; 0.884
+//   ms against 0.909 on 64 rows, session 25) and H96 mixed.
+struct KnownChains {
+  int64_t longest;        // chunks of the longest sequence
+  int64_t total;          // chunks of the batch
+  int64_t full_segments;  // segments of the host's segment_chunks chunks that are not a sequence's last
+  int64_t stacked64;      // max_k ceil(n_k / SMs) c_k at 64 value rows (2 CTAs per sequence and head)
+  int64_t stacked_host;   // the same at the host shape's rows (whole sequences)
+};
+// max_k ceil(n_k / SMs) c_k's term for the sequence of launch rank `rank` (0 the longest) with
+// `chain` chunks; with the lengths unranked (more than kOrderedSeqs sequences), the longest's term
+// alone.
+constexpr int64_t stacked_term(int64_t rank, int64_t chain, int32_t num_v_heads, int rows, int num_sms) {
+  const int64_t ctas = (rank + 1) * num_v_heads * (kHeadDim / rows);
+  return (ctas + num_sms - 1) / num_sms * chain;
+}
+// A whole-sequence pass: `stacked` chunk steps on one SM at least, the batch's work spread.
+constexpr double known_pass_us(int64_t stacked, int64_t total_cta_chunks, double us, int num_sms) {
+  const double spread = double(total_cta_chunks) * us / double(num_sms);
+  const double chain = double(stacked) * us;
+  return spread > chain ? spread : chain;
+}
+constexpr double whole_on_64_rows_us(const KnownChains& k, int32_t num_v_heads, int num_sms) {
+  constexpr RecurrenceCosts c = kKnownLengthCosts;
+  return known_pass_us(k.stacked64, k.total * num_v_heads * 2, c.us64, num_sms);
+}
+constexpr double host_shape_us(const KnownChains& k, const ShapeRoute& r, int32_t num_v_heads) {
+  constexpr RecurrenceCosts c = kKnownLengthCosts;
+  const int64_t ls = r.segment_chunks;
+  if (ls <= 0)
+    return known_pass_us(k.stacked_host, k.total * num_v_heads * (kHeadDim / r.rows), c.chunk_us(r.rows), r.num_sms);
+  const int64_t summary_ctas = k.full_segments * num_v_heads * 2 * (kHeadDim / r.summary_rows);
+  const double summary = summary_ctas == 0 ? 0.0
+                                           : pass_us(true, summary_ctas, ls, summary_ctas * ls,
+                                                     0.75 * c.chunk_us(r.summary_rows), r.num_sms);
+  const int64_t chain = k.longest < ls ? k.longest : ls;
+  const double rec = pass_us(true, 0, chain, k.total * num_v_heads * (kHeadDim / r.rows), c.chunk_us(r.rows),
+                             r.num_sms);
+  const int64_t steps = k.longest > ls ? (k.longest + ls - 1) / ls - 1 : 0;
+  return summary + rec + kCombineUsPerSegment * double(steps) + 6.0;
+}
+// Whether the host's shape does the work (the plan's `host_shape`): strictly faster by the model.
+constexpr bool host_shape_wins(const KnownChains& k, const ShapeRoute& r, int32_t num_v_heads) {
+  return host_shape_us(k, r, num_v_heads) < whole_on_64_rows_us(k, num_v_heads, r.num_sms);
+}
+// The chains of a batch (lengths in chunks, launch order: longest first), as the plan kernel
+// forms them (host copy, for the checks below and the tests).
+template <int kN>
+constexpr KnownChains known_chains(const int64_t (&sorted)[kN], const ShapeRoute& r, int32_t num_v_heads) {
+  KnownChains k{sorted[0], 0, 0, 0, 0};
+  for (int i = 0; i < kN; ++i) {
+    k.total += sorted[i];
+    if (r.segment_chunks > 0 && sorted[i] > r.segment_chunks)
+      k.full_segments += (sorted[i] + r.segment_chunks - 1) / r.segment_chunks - 1;
+    const int64_t t64 = stacked_term(i, sorted[i], num_v_heads, 64, r.num_sms);
+    const int64_t th = stacked_term(i, sorted[i], num_v_heads, r.rows, r.num_sms);
+    k.stacked64 = t64 > k.stacked64 ? t64 : k.stacked64;
+    k.stacked_host = th > k.stacked_host ? th : k.stacked_host;
+  }
+  return k;
+}
+inline constexpr int64_t k32KPlus8x1K[9] = {512, 16, 16, 16, 16, 16, 16, 16, 16};
+inline constexpr int64_t k32KPlus8x1KPlus5[10] = {512, 16, 16, 16, 16, 16, 16, 16, 16, 1};
+inline constexpr int64_t kMixed[6] = {48, 32, 21, 16, 9, 5};  // H64 / H96 mixed
+// The packed few-head rows with the host's picks (rows, summary rows, segment chunks):
+static_assert(!host_shape_wins(known_chains(k32KPlus8x1K, {132, 64, 128, 256}, 32), {132, 64, 128, 256}, 32),
+              "H32 32K + 8 x 1K: whole sequences, 64 rows");
+static_assert(host_shape_wins(known_chains(k32KPlus8x1K, {132, 128, 128, 64}, 16), {132, 128, 128, 64}, 16),
+              "H16 32K + 8 x 1K: 64-chunk segments");
+static_assert(host_shape_wins(known_chains(k32KPlus8x1K, {132, 64, 128, 64}, 8), {132, 64, 128, 64}, 8),
+              "H8 32K + 8 x 1K: 64-chunk segments");
+static_assert(host_shape_wins(known_chains(k32KPlus8x1K, {132, 64, 128, 32}, 4), {132, 64, 128, 32}, 4),
+              "H4 32K + 8 x 1K: 32-chunk segments");
+// whole sequences at the host's 128 rows: kept where the work is spread, not for one long member
+static_assert(host_shape_wins(known_chains(kMixed, {132, 128, 128, 0}, 64), {132, 128, 128, 0}, 64),
+              "H64 mixed: whole, 128 rows");
+static_assert(host_shape_wins(known_chains(kMixed, {132, 128, 128, 0}, 96), {132, 128, 128, 0}, 96),
+              "H96 mixed: whole, 128 rows");
+static_assert(!host_shape_wins(known_chains(k32KPlus8x1KPlus5, {132, 128, 128, 0}, 32), {132, 128, 128, 0}, 32),
+              "H32 32K + 8 x 1K + 5 tokens: whole, 64 rows");
+
 }  // namespace kdakit::sm90::prefill

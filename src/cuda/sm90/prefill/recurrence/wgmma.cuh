@@ -151,7 +151,7 @@ __global__ void __launch_bounds__(kCtaThreads<kValueRows>, 1)
   uint8_t* smem = smem_raw + ((1024u - (ptx::smem_addr(smem_raw) & 1023u)) & 1023u);
   uint64_t* full = reinterpret_cast<uint64_t*>(smem + Smem::kBarrierOffset);
   uint64_t* empty = full + kStages;
-  if (!chunk_side_runs(p.route)) return;  // a routed call the tile kernel takes
+  if (!recurrence_side_runs(p.route)) return;  // a routed call whose other side does the work
 
   // Grid order (fastest first): value slice z, segment, value head, sequence (as kernel.cuh).
   constexpr int kZ = kSummary ? 2 * Cfg::kSlices : Cfg::kSlices;

@@ -26,6 +26,9 @@ Status launch_prefill_plan(const PrefillParams& p, const WorkspacePlan& w, void*
       .seq_len = reinterpret_cast<int32_t*>(base + w.seq_len_offset),
       .longest = reinterpret_cast<int32_t*>(base + w.longest_offset),
       .seq_order = reinterpret_cast<int32_t*>(base + w.seq_order_offset),
+      .host_shape = reinterpret_cast<int32_t*>(base + w.host_shape_offset),
+      .shape_route = w.shape_route,
+      .num_v_heads = p.num_v_heads,
   };
   prep::kda_prefill_plan_sm90_kernel<<<1, prep::kPlanThreads, 0, stream>>>(params);
   return prep::cuda_status(cudaGetLastError(), __LINE__, "kda_prefill_plan_sm90_kernel launch");
