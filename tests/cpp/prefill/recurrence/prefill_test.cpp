@@ -543,15 +543,8 @@ TEST(PrefillShapeRoutedGpu, DeviceChoiceEqualsTheForcedShapeBitForBit) {
     std::vector<int64_t> chains;
     for (int64_t len : r.seq_lens) chains.push_back((len + sm90::prefill::kChunk - 1) / sm90::prefill::kChunk);
     std::sort(chains.rbegin(), chains.rend());
-    sm90::prefill::KnownChains k{chains[0], 0, 0, 0, 0};
-    for (size_t i = 0; i < chains.size(); ++i) {
-      const int64_t nc = chains[i];
-      k.total += nc;
-      if (route.segment_chunks > 0 && nc > route.segment_chunks)
-        k.full_segments += (nc + route.segment_chunks - 1) / route.segment_chunks - 1;
-      k.stacked64 = std::max(k.stacked64, sm90::prefill::stacked_term(int64_t(i), nc, c.HV, 64, route.num_sms));
-      k.stacked_host = std::max(k.stacked_host, sm90::prefill::stacked_term(int64_t(i), nc, c.HV, route.rows, route.num_sms));
-    }
+    const sm90::prefill::KnownChains k =
+        sm90::prefill::known_chains(chains.data(), int(chains.size()), route, c.HV);
     ASSERT_EQ(sm90::prefill::host_shape_wins(k, route, c.HV), r.host_side)
         << "the model's side on " << route.num_sms << " SMs is not the one this case is for";
 

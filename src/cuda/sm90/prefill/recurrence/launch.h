@@ -342,12 +342,11 @@ constexpr double host_shape_us(const KnownChains& k, const ShapeRoute& r, int32_
 constexpr bool host_shape_wins(const KnownChains& k, const ShapeRoute& r, int32_t num_v_heads) {
   return host_shape_us(k, r, num_v_heads) < whole_on_64_rows_us(k, num_v_heads, r.num_sms);
 }
-// The chains of a batch (lengths in chunks, launch order: longest first), as the plan kernel
-// forms them (host copy, for the checks below and the tests).
-template <int kN>
-constexpr KnownChains known_chains(const int64_t (&sorted)[kN], const ShapeRoute& r, int32_t num_v_heads) {
+// The chains of a batch (n >= 1 lengths in chunks, launch order: longest first), as the plan
+// kernel forms them (host copy, for the checks below and the tests).
+constexpr KnownChains known_chains(const int64_t* sorted, int n, const ShapeRoute& r, int32_t num_v_heads) {
   KnownChains k{sorted[0], 0, 0, 0, 0};
-  for (int i = 0; i < kN; ++i) {
+  for (int i = 0; i < n; ++i) {
     k.total += sorted[i];
     if (r.segment_chunks > 0 && sorted[i] > r.segment_chunks)
       k.full_segments += (sorted[i] + r.segment_chunks - 1) / r.segment_chunks - 1;
@@ -357,6 +356,10 @@ constexpr KnownChains known_chains(const int64_t (&sorted)[kN], const ShapeRoute
     k.stacked_host = th > k.stacked_host ? th : k.stacked_host;
   }
   return k;
+}
+template <int kN>
+constexpr KnownChains known_chains(const int64_t (&sorted)[kN], const ShapeRoute& r, int32_t num_v_heads) {
+  return known_chains(sorted, kN, r, num_v_heads);
 }
 inline constexpr int64_t k32KPlus8x1K[9] = {512, 16, 16, 16, 16, 16, 16, 16, 16};
 inline constexpr int64_t k32KPlus8x1KPlus5[10] = {512, 16, 16, 16, 16, 16, 16, 16, 16, 1};
