@@ -91,7 +91,9 @@ def _select(cases, spec: str | None):
     keys = [s for s in spec.split(",") if s]
     picked = [c for c in cases if any(k in c.name for k in keys)]
     for k in keys:
-        extra = testing.shape_case(k) if not any(k in c.name for c in cases) else None
+        if any(k in c.name for c in cases):
+            continue
+        extra = testing.shape_case(k)
         if extra is not None:
             picked.append(extra)
     return picked
