@@ -130,3 +130,23 @@ def test_prefill_bench_selects_a_shape_only_where_no_case_matches():
     picked = prefill._select(cases, "H32-32K+8x1K,H16-4096+4x1K")
     assert [c.name for c in picked] == ["H32-32K+8x1K", "H16-4096+4x1K"]
     assert picked[1].seqlens == (4096,) + (1024,) * 4
+
+
+def test_prefill_bench_rejects_a_key_that_selects_nothing():
+    from kdakit import testing
+    from kdakit.bench import prefill
+    with pytest.raises(ValueError, match="'H9-bogus'"):
+        prefill._select(testing.prefill_bench_cases(), "H4-T32K,H9-bogus")
+    # checked before the GPU is: argparse's exit status on any machine
+    for flag in ("--cases", "--peer-cases", "--fla-cases"):
+        with pytest.raises(SystemExit) as exc:
+            prefill.main([flag, "H9-bogus"])
+        assert exc.value.code == 2
+
+
+def test_decode_bench_rejects_a_key_that_selects_nothing(capsys):
+    from kdakit.bench import decode
+    with pytest.raises(SystemExit) as exc:
+        decode.main(["--cases", "no-such-row"])
+    assert exc.value.code == 2
+    assert "'no-such-row'" in capsys.readouterr().err

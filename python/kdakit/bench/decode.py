@@ -453,6 +453,10 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     variants = ALL_VARIANTS if args.variants == "all" else [v for v in args.variants.split(",") if v]
     wanted = [c for c in args.cases.split(",") if c]
+    unknown = [w for w in wanted if not any(w in c.name for c in cases(args.quick))]
+    if unknown:  # a typo would otherwise time fewer rows than asked for, without a word
+        ap.error(f"--cases: no case name contains {', '.join(map(repr, unknown))}"
+                 + (" (--quick keeps B = 1, 32 and 512 only)" if args.quick else ""))
 
     # NOTE: the prefill rows time kdakit.prefill on the chunked path beside the token-serial one;
     # the dispatcher reads KDAKIT_PREFILL_PATH once, before the first prefill call, and decode

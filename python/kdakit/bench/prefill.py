@@ -85,17 +85,24 @@ def peer_agreement(o, peer_o) -> tuple[float, str | None]:
 def _select(cases, spec: str | None):
     """The cases whose names contain one of the comma-separated keys of ``spec`` (all without
     one), plus, for a key that names no case, the packed shape it spells (testing.shape_case,
-    e.g. ``H16-4096+4x1K``)."""
+    e.g. ``H16-4096+4x1K``). A key that does neither raises ValueError (a typo would otherwise
+    time fewer rows than asked for, without a word)."""
     if not spec:
         return list(cases)
     keys = [s for s in spec.split(",") if s]
     picked = [c for c in cases if any(k in c.name for k in keys)]
+    unknown = []
     for k in keys:
         if any(k in c.name for c in cases):
             continue
         extra = testing.shape_case(k)
-        if extra is not None:
+        if extra is None:
+            unknown.append(k)
+        else:
             picked.append(extra)
+    if unknown:
+        raise ValueError(f"no case name contains {', '.join(map(repr, unknown))} and it spells no packed "
+                         "shape (H<heads>-<len>[+<n>x<len>...], e.g. H16-4096+4x1K)")
     return picked
 
 
@@ -463,6 +470,16 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if sum((args.pool, args.plan_compare, args.kernels)) > 1:
         ap.error("--pool, --plan-compare and --kernels are separate modes; pass one")
+    try:  # the keys are checked before the GPU is, so a typo fails on any machine
+        if args.pool:
+            _select(_pool_cases(), args.cases)
+        else:
+            cases = _select(testing.prefill_bench_cases(), args.cases or (PLAN_COMPARE_CASES if args.plan_compare
+                                                                             else None))
+            _select(cases, args.peer_cases)
+            _select(cases, args.fla_cases)
+    except ValueError as e:
+        ap.error(f"--cases/--peer-cases/--fla-cases: {e}")
 
     ok, why = testing.cuda_available()
     if not ok:
