@@ -20,7 +20,8 @@ Usage::
 
 ``--cases`` and ``--peer-cases`` keep cases whose name contains one of the comma-separated
 substrings; a ``--cases`` key that names no case but spells a packed shape (``H16-4096+4x1K``:
-heads, then lengths or count x length, K = 1024) adds that shape (testing.shape_case). Peers run
+heads, then lengths or count x length, K = 1024) adds that shape (testing.shape_case); a key
+that does neither is an error. Peers run
 only on ``--peer-cases`` (default: every selected case). FLA autotunes each new shape on its
 first call (up to a minute), hence ``--peer-cases``. ``--host-lengths`` also gives kdakit the
 packed cases' offsets on the host (``cu_seqlens_cpu``), the longest-length hint that steers
