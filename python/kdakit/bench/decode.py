@@ -453,7 +453,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     variants = ALL_VARIANTS if args.variants == "all" else [v for v in args.variants.split(",") if v]
     wanted = [c for c in args.cases.split(",") if c]
-    unknown = [w for w in wanted if not any(w in c.name for c in cases(args.quick))]
+    all_cases = cases(args.quick)
+    unknown = [w for w in wanted if not any(w in c.name for c in all_cases)]
     if unknown:  # a typo would otherwise time fewer rows than asked for, without a word
         ap.error(f"--cases: no case name contains {', '.join(map(repr, unknown))}"
                  + (" (--quick keeps B = 1, 32 and 512 only)" if args.quick else ""))
@@ -480,7 +481,7 @@ def main(argv: list[str] | None = None) -> int:
     gen.manual_seed(0)
     rows = []
     kinds = set(args.kinds.split(","))
-    for case in [c for c in cases(args.quick) if c.kind in kinds and (not wanted or any(w in c.name for w in wanted))]:
+    for case in [c for c in all_cases if c.kind in kinds and (not wanted or any(w in c.name for w in wanted))]:
         for row in run_case(torch, kdakit, fla_rec, fla_chunk, case, args.repeats, gen, variants, args.chunk_peer):
             rows.append(row)
             print(f"  {row.name:28s} {row.variant:14s} kdakit {row.kdakit_us:9.2f} us  {row.state_tbps:5.2f} TB/s "
@@ -494,7 +495,7 @@ def main(argv: list[str] | None = None) -> int:
     print("\n| case | variant | floor us | kdakit us | state TB/s | % of 4.27 | FLA us | FLA/kdakit | FLA chunk us "
           "| rel vs FLA | kdakit chunked us | same-size copy us (copy / kdakit) |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|")
-    floors = {c.name: floor_us(c) for c in cases(args.quick)}
+    floors = {c.name: floor_us(c) for c in all_cases}
     for r in rows:
         fla = f"{r.fla_us:.2f}" if r.fla_us else "-"
         sp = f"{r.speedup:.2f}" if r.speedup else "-"

@@ -471,14 +471,16 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if sum((args.pool, args.plan_compare, args.kernels)) > 1:
         ap.error("--pool, --plan-compare and --kernels are separate modes; pass one")
-    try:  # the keys are checked before the GPU is, so a typo fails on any machine
+    # The rows, selected (and their keys checked) before the GPU is, so a typo fails on any machine.
+    cases, peer_cases, fla_cases = [], set(), set()
+    try:
         if args.pool:
             _select(_pool_cases(), args.cases)
         else:
             cases = _select(testing.prefill_bench_cases(), args.cases or (PLAN_COMPARE_CASES if args.plan_compare
                                                                              else None))
-            _select(cases, args.peer_cases)
-            _select(cases, args.fla_cases)
+            peer_cases = {c.name for c in _select(cases, args.peer_cases)}
+            fla_cases = {c.name for c in _select(cases, args.fla_cases)} if args.fla_cases else peer_cases
     except ValueError as e:
         ap.error(f"--cases/--peer-cases/--fla-cases: {e}")
 
@@ -491,10 +493,8 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     if args.kernels:
-        return _kernel_breakdown(_select(testing.prefill_bench_cases(), args.cases), args.repeats,
-                                 args.cooldown, args.json)
+        return _kernel_breakdown(cases, args.repeats, args.cooldown, args.json)
     if args.plan_compare:
-        cases = _select(testing.prefill_bench_cases(), args.cases or PLAN_COMPARE_CASES)
         return _plan_compare(cases, max(1, args.plan_layers), args.repeats, args.cooldown,
                              args.json)
 
@@ -508,9 +508,6 @@ def main(argv: list[str] | None = None) -> int:
         print(p.describe())
     live = [name for name, p in peers.items() if p.available]
 
-    cases = _select(testing.prefill_bench_cases(), args.cases)
-    peer_cases = {c.name for c in _select(cases, args.peer_cases)}
-    fla_cases = {c.name for c in _select(cases, args.fla_cases)} if args.fla_cases else peer_cases
     rows = []
     disagreements = []
     for case in cases:
