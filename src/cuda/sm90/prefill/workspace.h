@@ -77,18 +77,20 @@ static_assert(kChunkBlockBytes % 128 == 0, "chunk blocks must stay 128-byte alig
 // segment_chunks chunks (the last one shorter). Over a segment the state map is affine,
 //   S_end^T = S_start^T Phi + Psi      (S^T: V x K, Phi: K x K, Psi: V x K),
 // Psi the end state from a zero start, Phi the end state from S_start^T = I with U0 = 0. The
-// summary pass writes (Psi, Phi) of every segment but the last, the combine pass chains them
-// into each segment's start state, and the recurrence reruns every segment from its start state.
+// summary pass writes (Psi, Phi) of every segment but the last, except that segment 0's Psi
+// starts from the caller's initial state (it is S_1; there is no Phi_0); the combine pass chains
+// them into each later segment's start state, and the recurrence reruns every segment from its
+// start state.
 // Slot of full segment s of sequence n (global chunks [c0 + s Ls, c0 + (s + 1) Ls), c0 =
 // chunk_offsets[n]): the one multiple of Ls in that range, over Ls, so slots of different
 // segments never collide and slot < max_chunks / Ls + 1. Per (slot, value head), kSegmentBytes:
 //   Psi  fp32 [128][128] V-first; the combine pass overwrites it with the start state of
 //        segment s + 1
 //   Phi  bf16 hi [128][128] then lo [128][128], each as two column halves [2][128 rows][64]
-//        with 16-byte chunk c of row r at c ^ (r % 8) (the combine pass's ldmatrix image); the
-//        combine pass overwrites slot(n, 0)'s with segment 0's start state (fp32 [128][128]),
-//        so that no recurrence CTA reads the caller's initial state, which the last segment's
-//        CTA may overwrite in place.
+//        with 16-byte chunk c of row r at c ^ (r % 8) (the combine pass's ldmatrix image);
+//        slot(n, 0)'s holds segment 0's start state instead (fp32 [128][128], the summary
+//        pass's copy of the caller's initial state), so that no recurrence CTA reads the
+//        caller's buffer, which the last segment's CTA may overwrite in place.
 struct SegmentLayout {
   static constexpr size_t kPsiOffset = 0;
   static constexpr size_t kPhiHiOffset = kPsiOffset + kHeadDim * kHeadDim * 4;

@@ -1,10 +1,11 @@
 // kda_prefill_combine_sm90_kernel: the combine pass of segmented prefill (workspace.h, segments).
 //
-// Per (sequence n, value head h) with nseg >= 2 segments, serially over the full segments s:
+// Per (sequence n, value head h) with nseg >= 3 segments, serially over the full segments s >= 1:
 //   S_{s+1}^T = S_s^T Phi_s + Psi_s        (S^T: V x K fp32, Phi_s: K x K, Psi_s: V x K)
-// from S_0^T = the caller's initial state (or zeros). S_{s+1} overwrites Psi_s in its slot, and
-// S_0 (a copy, fp32) overwrites slot(n, 0)'s Phi once that is in shared memory: the recurrence
-// pass then reads every segment's start state from the workspace, never the caller's buffer.
+// from S_1^T = Psi_0, which the summary pass ran from the caller's initial state (it also put S_0's
+// copy in slot(n, 0)'s Phi area, and wrote no Phi_0). S_{s+1} overwrites Psi_s in its slot: the
+// recurrence pass then reads every segment's start state from the workspace, never the caller's
+// buffer. With two segments there is nothing to combine.
 //
 // One CTA of 8 warps per (n, h); warp w owns value rows 16 w .. 16 w + 15 of S^T as the
 // m16n8 accumulator tiles of the recurrence kernel (state_io.cuh). S_s^T enters the product as
@@ -15,7 +16,7 @@
 //
 // kda_prefill_combine_split_sm90_kernel (the default; KDAKIT_PREFILL_COMBINE=whole, read once by
 // the dispatcher, or set_prefill_combine(1) runs the one above): the same products, spread over a
-// cluster of kRowBlocks CTAs per (n, h). Rows of S^T are independent (S_{s+1}^T[v] =
+// group of kRowBlocks CTAs per (n, h). Rows of S^T are independent (S_{s+1}^T[v] =
 // S_s^T[v] Phi_s + Psi_s[v]), so CTA r owns value rows 16 r .. 16 r + 15, and its warp w owns
 // key tiles 2 w, 2 w + 1 of them: 48 mma per warp and segment instead of 384, the chain's step
 // shortened about eightfold in MMAs. The price is one
@@ -23,9 +24,10 @@
 // of k-step w, so each warp writes its fragment to shared memory and, after a CTA barrier, reads
 // all eight. Every CTA streams the whole Phi_s (64 KB per segment). Each pass (hi hi, lo hi,
 // hi lo) accumulates on its own and the three are added at the end, so the mma chain of a step
-// is 8 deep, not 24: the two kernels agree to fp32 rounding, not bit for bit. The cluster
-// exists for one barrier: S_0 overwrites Phi_0's global copy only after every CTA of the
-// (n, h) has Phi_0 in its shared memory.
+// is 8 deep, not 24: the two kernels agree to fp32 rounding, not bit for bit. The CTAs of one
+// (n, h) share nothing but Phi's global copies, so they are launched without a cluster (one kept
+// S_0's copy from overwriting Phi_0 before all eight had read it, until the summary pass took
+// segment 0 over, session 35).
 #include <cuda.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -64,7 +66,7 @@ __device__ __forceinline__ uint32_t phi_addr(uint32_t base, int row, int chunk16
 }
 
 // The chain of (sequence n, value head h), shared by both kernels: its first global chunk, its
-// segment length and its segment count (below 2: nothing to combine). The
+// segment length and its segment count (below 3: nothing to combine). The
 // plan's offsets are device data, clamped so that no load leaves the workspace.
 struct Chain {
   int c0, ls, nseg;
@@ -104,10 +106,10 @@ __global__ void __launch_bounds__(kThreads, 1) kda_prefill_combine_sm90_kernel(c
   const int n = int(blockIdx.x / unsigned(HV));
   if (!recurrence_side_runs(p.route)) return;  // a routed call whose other side does the work
   const Chain chain = chain_of(p, n);
-  if (chain.nseg < 2) return;
+  if (chain.nseg < 3) return;
   const int full_segments = chain.nseg - 1;
   auto area = [&](int s) { return segment_area(p, chain, h, s); };
-  auto issue = [&](int s) { issue_phi(smem, full, area(s), s & 1); };
+  auto issue = [&](int s) { issue_phi(smem, full, area(s), (s - 1) & 1); };  // step s - 1's buffer
   if (threadIdx.x == 0) {
     ptx::mbarrier_init(&full[0], 1);
     ptx::mbarrier_init(&full[1], 1);
@@ -115,8 +117,8 @@ __global__ void __launch_bounds__(kThreads, 1) kda_prefill_combine_sm90_kernel(c
   }
   __syncthreads();
   if (threadIdx.x == 0) {
-    issue(0);
-    if (full_segments > 1) issue(1);
+    issue(1);
+    if (full_segments > 2) issue(2);
   }
 
   const int warp = threadIdx.x / 32;
@@ -127,17 +129,17 @@ __global__ void __launch_bounds__(kThreads, 1) kda_prefill_combine_sm90_kernel(c
   const int ldt_row = (lane % 8) + 8 * ((lane / 8) % 2);
   const int ldt_chunk = lane / 16;
 
-  float state[16][4];
-  common::load_initial_state(state, p, n, h, vrow, quad);
+  float state[16][4];  // S_1, the summary pass's Psi_0
+  common::load_state(state, area(0) + SegmentLayout::kPsiOffset, vrow, quad, common::segment_state_view());
 
-  for (int s = 0; s < full_segments; ++s) {
-    const int b = s & 1;
+  for (int s = 1; s < full_segments; ++s) {
+    const int step = s - 1, b = step & 1;
     uint8_t* seg = area(s);
     float acc[16][4];
+    ptx::mbarrier_wait(&full[b], (step >> 1) & 1);
+    // NOTE: Psi_s is loaded after the wait: loaded before it, ptxas scheduled this kernel at 255
+    // registers and spilled (nvcc 13.0). This kernel is the opt-in one (KDAKIT_PREFILL_COMBINE=whole).
     common::load_state(acc, seg + SegmentLayout::kPsiOffset, vrow, quad, common::segment_state_view());
-    ptx::mbarrier_wait(&full[b], (s >> 1) & 1);
-    // Phi_0 is in shared memory now: its global copy becomes segment 0's start state.
-    if (s == 0) common::store_state(state, seg + SegmentLayout::kPhiHiOffset, vrow, quad, common::segment_state_view());
 
     const uint32_t hi_base = ptx::smem_addr(smem + b * kBufferBytes);
     const uint32_t lo_base = hi_base + kPhiBytes;
@@ -177,7 +179,7 @@ __global__ void __launch_bounds__(kThreads, 1) kda_prefill_combine_sm90_kernel(c
   }
 }
 
-constexpr int kRowBlocks = kHeadDim / 16;          // CTAs per (n, h), one cluster
+constexpr int kRowBlocks = kHeadDim / 16;          // CTAs per (n, h)
 constexpr int kSplitTiles = 2;                       // key tiles (of 8) per warp
 // NOTE: the split kernel keeps three Phi buffers, Phi_{s+3} loading during steps s + 1 and s + 2 (with
 // two, a load had one step to land): 22.3 -> 20.7 us at H4 T = 32K (H200, session 27). What bounds
@@ -200,23 +202,23 @@ __global__ void __launch_bounds__(kThreads, 1)
   uint32_t* exchange = reinterpret_cast<uint32_t*>(smem + kExchangeOffset);
 
   const int HV = p.num_v_heads;
-  const int rb = int(blockIdx.x % unsigned(kRowBlocks));  // the cluster's CTAs are consecutive
+  const int rb = int(blockIdx.x % unsigned(kRowBlocks));  // an (n, h)'s CTAs are consecutive
   const int pair = int(blockIdx.x / unsigned(kRowBlocks));
   const int h = pair % HV;
   const int n = pair / HV;
-  if (!recurrence_side_runs(p.route)) return;  // the whole cluster returns: one value for the grid
+  if (!recurrence_side_runs(p.route)) return;  // a routed call whose other side does the work
   const Chain chain = chain_of(p, n);
-  if (chain.nseg < 2) return;  // the whole cluster returns: same (n, h)
+  if (chain.nseg < 3) return;
   const int full_segments = chain.nseg - 1;
   auto area = [&](int s) { return segment_area(p, chain, h, s); };
-  auto issue = [&](int s) { issue_phi(smem, full, area(s), s % kSplitBuffers); };
+  auto issue = [&](int s) { issue_phi(smem, full, area(s), (s - 1) % kSplitBuffers); };  // step s - 1's buffer
   if (threadIdx.x == 0) {
     for (int b = 0; b < kSplitBuffers; ++b) ptx::mbarrier_init(&full[b], 1);
     ptx::fence_barrier_init();
   }
   __syncthreads();
   if (threadIdx.x == 0) {
-    for (int s = 0; s < kSplitBuffers && s < full_segments; ++s) issue(s);
+    for (int s = 1; s <= kSplitBuffers && s < full_segments; ++s) issue(s);
   }
 
   const int warp = threadIdx.x / 32;
@@ -228,22 +230,22 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int ldt_row = (lane % 8) + 8 * ((lane / 8) % 2);
   const int ldt_chunk = lane / 16;
 
-  float state[kSplitTiles][4];
-  common::load_initial_state(state, p, n, h, vrow, quad, tile0);
+  float state[kSplitTiles][4];  // S_1, the summary pass's Psi_0
+  common::load_state(state, area(0) + SegmentLayout::kPsiOffset, vrow, quad, common::segment_state_view(), tile0);
 
   // NOTE: Psi_s is loaded two steps ahead (during step s - 2): one step ahead, its L2/DRAM round
   // trip still showed at the head of each step (Nsight Compute, H4 T = 32K, session 27). Step s
   // writes S_{s+1} over this thread's elements of Psi_s only, after reading them.
   float psi[kSplitTiles][4], psi_next[kSplitTiles][4];
-  common::load_state(psi, area(0) + SegmentLayout::kPsiOffset, vrow, quad, common::segment_state_view(), tile0);
-  if (full_segments > 1) {
-    common::load_state(psi_next, area(1) + SegmentLayout::kPsiOffset, vrow, quad, common::segment_state_view(),
+  common::load_state(psi, area(1) + SegmentLayout::kPsiOffset, vrow, quad, common::segment_state_view(), tile0);
+  if (full_segments > 2) {
+    common::load_state(psi_next, area(2) + SegmentLayout::kPsiOffset, vrow, quad, common::segment_state_view(),
                        tile0);
   }
   // This thread's A fragment slots: [k-step][hi, lo][lane] 16 bytes each, so that writes and reads
   // are whole 512-byte warp rows of 128-bit accesses.
   uint4* exchange4 = reinterpret_cast<uint4*>(exchange);
-  for (int s = 0, b = 0, phase = 0; s < full_segments; ++s) {
+  for (int s = 1, b = 0, phase = 0; s < full_segments; ++s) {
     uint8_t* seg = area(s);
     // Three accumulators per tile, one per pass (hi hi from Psi_s; lo hi and hi lo from zero):
     // chains of 8 dependent mma instead of one of 24.
@@ -274,14 +276,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       exchange4[(warp * 2 + 1) * 32 + lane] = lo;
     }
     ptx::mbarrier_wait(&full[b], phase);
-    if (s == 0) {
-      // Phi_0 is in every CTA's shared memory once the whole cluster is past this barrier: its
-      // global copy becomes segment 0's start state.
-      ptx::cluster_sync();
-      common::store_state(state, seg + SegmentLayout::kPhiHiOffset, vrow, quad, common::segment_state_view(), tile0);
-    } else {
-      __syncthreads();  // the exchange buffer holds every warp's fragment
-    }
+    __syncthreads();  // the exchange buffer holds every warp's fragment
 
     const uint32_t hi_base = ptx::smem_addr(smem + b * kBufferBytes);
     const uint32_t lo_base = hi_base + kPhiBytes;
@@ -367,19 +362,8 @@ Status launch_prefill_combine(const PrefillParams& p, const WorkspacePlan& plan,
                                   int(kSplitAllocBytes));
     });
     if (err == cudaSuccess) {
-      cudaLaunchConfig_t config{};
-      config.gridDim = dim3(unsigned(pairs * kRowBlocks));
-      config.blockDim = dim3(kThreads);
-      config.dynamicSmemBytes = kSplitAllocBytes;
-      config.stream = stream;
-      cudaLaunchAttribute cluster{};
-      cluster.id = cudaLaunchAttributeClusterDimension;
-      cluster.val.clusterDim.x = kRowBlocks;
-      cluster.val.clusterDim.y = 1;
-      cluster.val.clusterDim.z = 1;
-      config.attrs = &cluster;
-      config.numAttrs = 1;
-      err = cudaLaunchKernelEx(&config, kda_prefill_combine_split_sm90_kernel, cp);
+      kda_prefill_combine_split_sm90_kernel<<<unsigned(pairs * kRowBlocks), kThreads, kSplitAllocBytes, stream>>>(cp);
+      err = cudaGetLastError();
     }
   }
   if (err != cudaSuccess) {

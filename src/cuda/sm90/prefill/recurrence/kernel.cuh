@@ -224,8 +224,9 @@ __device__ __forceinline__ void prefetch_block_maps(const TmaParams& tma) {
 }
 
 // The state entering the CTA's first chunk (value rows vrow, vrow + 8 in the fragment layout):
-// with segments the combine pass's start state (segment 0's over Phi of slot(n, 0), later ones
-// over Psi of the previous segment's slot), else the caller's initial state, or zeros.
+// with segments the start state in the workspace (segment 0's the summary pass's copy over Phi
+// of slot(n, 0), later ones over Psi of the previous segment's slot: segment 1's the summary
+// pass's Psi_0, the rest the combine pass's), else the caller's initial state, or zeros.
 __device__ __forceinline__ void load_start_state(float (&state)[16][4], const KernelParams& p, int n, int h, int seg,
                                                  const SegmentWork& w, int vrow, int quad) {
   if (w.nseg >= 2) {

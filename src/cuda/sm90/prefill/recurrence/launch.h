@@ -87,6 +87,10 @@ struct SegmentChoice {
 // Combine cost per segment step: fixed batches 2 us, packed batches 7 us (see the NOTE above).
 constexpr double kCombineUsPerSegment = 2.0;
 constexpr double kCombineUsPerSegmentPacked = 7.0;
+// The combine pass's steps for a chain of nseg segments: S_2 .. S_{nseg-1} (the summary pass
+// runs segment 0 from the initial state, so S_1 is its Psi_0; session 35). Until then it was
+// nseg - 1; with nseg - 2 no pick of the benchmark rows changes.
+constexpr int64_t combine_steps(int64_t nseg) { return nseg > 2 ? nseg - 2 : 0; }
 
 // A chunk's time on one CTA by value rows, and the smallest rows a pass may take.
 struct RecurrenceCosts {
@@ -202,7 +206,8 @@ constexpr SegmentChoice segments_of(const BatchChains& b, int64_t num_seqs, int3
     if (t < rec) { rec = t; c.rows = r; }
   }
   c.predicted_us =
-      summary + rec + (packed ? kCombineUsPerSegmentPacked : kCombineUsPerSegment) * double(per_seq - 1) + 6.0;
+      summary + rec + (packed ? kCombineUsPerSegmentPacked : kCombineUsPerSegment) * double(combine_steps(per_seq)) +
+      6.0;
   return c;
 }
 
@@ -335,8 +340,7 @@ constexpr double host_shape_us(const KnownChains& k, const ShapeRoute& r, int32_
   const int64_t chain = k.longest < ls ? k.longest : ls;
   const double rec = pass_us(true, 0, chain, k.total * num_v_heads * (kHeadDim / r.rows), c.chunk_us(r.rows),
                              r.num_sms);
-  const int64_t steps = k.longest > ls ? (k.longest + ls - 1) / ls - 1 : 0;
-  return summary + rec + kCombineUsPerSegment * double(steps) + 6.0;
+  return summary + rec + kCombineUsPerSegment * double(combine_steps((k.longest + ls - 1) / ls)) + 6.0;
 }
 // Whether the host's shape does the work (the plan's `host_shape`): strictly faster by the model.
 constexpr bool host_shape_wins(const KnownChains& k, const ShapeRoute& r, int32_t num_v_heads) {

@@ -51,6 +51,8 @@ __device__ __forceinline__ uint64_t m_desc(uint32_t m_base, int ks) {
 // kSummary: the summary pass of segmented prefill, as in kernel.cuh: CTA z < kSlices runs value
 // slice z from a zero state (Psi), z >= kSlices key rows of Phi from the identity with U0 = 0;
 // neither writes o, chunk states or the final state, and both skip Qt's and M's products.
+// Segment 0 has no Phi CTAs: its Psi CTAs start from the caller's initial state, so their end
+// state is S_1 (and they copy S_0 into the workspace for the recurrence pass).
 // At 64 value rows a fifth warp issues the stage refills (kProducerWarp; registers allow it:
 // 160 threads x 255): a refill is then issued as soon as the stage is free and is off the
 // warpgroup's chain. At 128 rows a ninth warp does not fit: with 288 threads ptxas caps the
@@ -169,6 +171,9 @@ __global__ void __launch_bounds__(kCtaThreads<kValueRows>, 1)
 
   const SegmentWork work = segment_work(p, n, seg);
   if (kSummary ? seg >= work.nseg - 1 : seg >= work.nseg) return;
+  // NOTE: segment 0's Psi CTAs start from the caller's initial state (below), so their Psi is
+  // S_1 itself and no Phi_0 is needed: the combine pass starts at segment 1, one step shorter.
+  if (phi_run && seg == 0) return;
   const int chunk_begin = work.chunk_begin, j_begin = work.j_begin, num_chunks = work.num_chunks;
   volatile int* last_segment_flag = reinterpret_cast<volatile int*>(smem + Smem::kFlagsOffset);
 
@@ -208,14 +213,24 @@ __global__ void __launch_bounds__(kCtaThreads<kValueRows>, 1)
   float(&state4)[16][4] = reinterpret_cast<float(&)[16][4]>(state);
   int row_exp[2] = {0, 0};  // kF16: the state rows' exponents E (S~ = 2^-E S); 0 otherwise
   if constexpr (kSummary) {
-    // Psi from zeros; Phi from the identity (row vrow of I in the fragment layout)
+    if (seg == 0) {
+      // Segment 0's Psi runs from the caller's initial state S_0 (or zeros): its end state is
+      // S_1. S_0's copy goes to slot(n, 0)'s Phi area (workspace.h), where the recurrence pass's
+      // segment 0 reads it: the caller's buffer may be the final state's, which the last
+      // segment's CTA overwrites in place.
+      common::load_initial_state(state4, p, n, h, vrow, t);
+      store_state(state4, segment_at(p, segment_slot(chunk_begin, 0, work.ls), h) + SegmentLayout::kPhiHiOffset,
+                  vrow, t, common::segment_state_view());
+    } else {
+      // Psi from zeros; Phi from the identity (row vrow of I in the fragment layout)
 #pragma unroll
-    for (int j = 0; j < 16; ++j) {
-      const int k = 8 * j + 2 * t;
-      state4[j][0] = phi_run && k == vrow ? 1.f : 0.f;
-      state4[j][1] = phi_run && k + 1 == vrow ? 1.f : 0.f;
-      state4[j][2] = phi_run && k == vrow + 8 ? 1.f : 0.f;
-      state4[j][3] = phi_run && k + 1 == vrow + 8 ? 1.f : 0.f;
+      for (int j = 0; j < 16; ++j) {
+        const int k = 8 * j + 2 * t;
+        state4[j][0] = phi_run && k == vrow ? 1.f : 0.f;
+        state4[j][1] = phi_run && k + 1 == vrow ? 1.f : 0.f;
+        state4[j][2] = phi_run && k == vrow + 8 ? 1.f : 0.f;
+        state4[j][3] = phi_run && k + 1 == vrow + 8 ? 1.f : 0.f;
+      }
     }
   } else {
     load_start_state(state4, p, n, h, seg, work, vrow, t);
