@@ -114,7 +114,7 @@ PrefillPath forced_path() { return path_override != PrefillPath::kAuto ? path_ov
 // the whole-sequence path's (o 4.32e-3 vs 4.32e-3, state 3.11e-3 vs 3.10e-3).
 constexpr bool kSegmentsByDefault = true;
 // KDAKIT_PREFILL_COMBINE=whole: the segments' combine pass on the one-CTA-per-head kernel
-// (combine.cu) instead of the cluster-split default; set_prefill_combine overrides it.
+// (combine.cu) instead of the 8-CTA split default; set_prefill_combine overrides it.
 int combine_override = -1;
 prefill::CombineKernel combine_kernel() {
   using prefill::CombineKernel;

@@ -21,7 +21,7 @@ void set_prefill_path(PrefillPath path);
 // 128; else the model's).
 inline constexpr int32_t kSegmentsModel = -2;
 void set_prefill_segments(int32_t segment_chunks, int rows = 0);
-// The combine pass of segmented prefill: 1 runs the one-CTA-per-head kernel, 0 the cluster-split
+// The combine pass of segmented prefill: 1 runs the one-CTA-per-head kernel, 0 the 8-CTA split
 // one (the default), negatives remove the override (KDAKIT_PREFILL_COMBINE=whole, read once, or
 // the default). The two agree to fp32 rounding (the split kernel sums its three passes apart);
 // tests run both in one process.

@@ -71,12 +71,6 @@ __device__ __forceinline__ void mbarrier_wait(uint64_t* bar, uint32_t parity) {
       : "memory");
 }
 
-// ---- cluster --------------------------------------------------------------------------------
-// Every thread of every CTA of the cluster arrives (release) and waits for all (acquire).
-__device__ __forceinline__ void cluster_sync() {
-  asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
-}
-
 // ---- TMA ------------------------------------------------------------------------------------
 // Orders this thread's view of shared memory (generic proxy) before the async proxy's (TMA).
 __device__ __forceinline__ void fence_proxy_async_shared() {

@@ -27,7 +27,7 @@ Status launch_prefill_recurrence(const PrefillParams& p, const WorkspacePlan& pl
 template <int kValueRows>
 Status launch_prefill_summaries(const PrefillParams& p, const WorkspacePlan& plan, const void* workspace,
                                 cudaStream_t stream);
-// Which combine kernel runs (combine.cu): the cluster split (the default), or the one-CTA-per-head
+// Which combine kernel runs (combine.cu): the 8-CTA split (the default), or the one-CTA-per-head
 // kernel (agrees with it to fp32 rounding).
 enum class CombineKernel { kSplit, kWhole };
 Status launch_prefill_combine(const PrefillParams& p, const WorkspacePlan& plan, void* workspace,
@@ -66,7 +66,7 @@ Status launch_prefill_combine(const PrefillParams& p, const WorkspacePlan& plan,
 // i.e. 6.8 and 8.7 us per segment. With 7 us the model's pick is within 1.4% of the fastest forced
 // choice on all six few-head rows (H4-T8K, -T32K, -T128K, 32K + 8 x 1K, H8-T32K, H16-T32K); with
 // 1.5 it took 16-chunk segments for the packed row, 22% slower than the best.
-// NOTE: the combine split over a cluster of 8 CTAs per head (combine.cu, session 10) took ~5 us off
+// NOTE: the combine split over 8 CTAs per head (a cluster then; combine.cu, session 10) took ~5 us off
 // each step: same picks, H200 same device call (ms, split / whole-head combine) H4-T8K 0.171 /
 // 0.207 (7 steps), H4-T32K 0.441 / 0.520 (15), H4-T128K 1.521 / 1.603 (15). With 2 us per step the
 // model's fixed-batch picks changed and measured faster (next call, ms against the 7-us picks):

@@ -51,8 +51,8 @@ __device__ __forceinline__ uint64_t m_desc(uint32_t m_base, int ks) {
 // kSummary: the summary pass of segmented prefill, as in kernel.cuh: CTA z < kSlices runs value
 // slice z from a zero state (Psi), z >= kSlices key rows of Phi from the identity with U0 = 0;
 // neither writes o, chunk states or the final state, and both skip Qt's and M's products.
-// Segment 0 has no Phi CTAs: its Psi CTAs start from the caller's initial state, so their end
-// state is S_1 (and they copy S_0 into the workspace for the recurrence pass).
+// Segment 0 computes no Phi: its Psi CTAs start from the caller's initial state, so their end
+// state is S_1, and its Phi CTAs copy S_0 into the workspace for the recurrence pass.
 // At 64 value rows a fifth warp issues the stage refills (kProducerWarp; registers allow it:
 // 160 threads x 255): a refill is then issued as soon as the stage is free and is off the
 // warpgroup's chain. At 128 rows a ninth warp does not fit: with 288 threads ptxas caps the
@@ -173,7 +173,20 @@ __global__ void __launch_bounds__(kCtaThreads<kValueRows>, 1)
   if (kSummary ? seg >= work.nseg - 1 : seg >= work.nseg) return;
   // NOTE: segment 0's Psi CTAs start from the caller's initial state (below), so their Psi is
   // S_1 itself and no Phi_0 is needed: the combine pass starts at segment 1, one step shorter.
-  if (phi_run && seg == 0) return;
+  // Segment 0's Phi CTAs copy S_0 (their value slice) into slot(n, 0)'s Phi area instead, where
+  // the recurrence pass's segment 0 reads it (the caller's buffer may be the final state's,
+  // which the last segment's CTA overwrites in place): off the Psi CTAs' chain.
+  if (phi_run && seg == 0) {
+    if (threadIdx.x < Cfg::kThreads) {
+      const int g = lane / 4, t = lane % 4;
+      const int vrow = v0 + 64 * wg + 16 * (warp % 4) + g;
+      float s0[16][4];
+      common::load_initial_state(s0, p, n, h, vrow, t);
+      store_state(s0, segment_at(p, segment_slot(work.chunk_begin, 0, work.ls), h) + SegmentLayout::kPhiHiOffset,
+                  vrow, t, common::segment_state_view());
+    }
+    return;
+  }
   const int chunk_begin = work.chunk_begin, j_begin = work.j_begin, num_chunks = work.num_chunks;
   volatile int* last_segment_flag = reinterpret_cast<volatile int*>(smem + Smem::kFlagsOffset);
 
@@ -214,13 +227,8 @@ __global__ void __launch_bounds__(kCtaThreads<kValueRows>, 1)
   int row_exp[2] = {0, 0};  // kF16: the state rows' exponents E (S~ = 2^-E S); 0 otherwise
   if constexpr (kSummary) {
     if (seg == 0) {
-      // Segment 0's Psi runs from the caller's initial state S_0 (or zeros): its end state is
-      // S_1. S_0's copy goes to slot(n, 0)'s Phi area (workspace.h), where the recurrence pass's
-      // segment 0 reads it: the caller's buffer may be the final state's, which the last
-      // segment's CTA overwrites in place.
+      // Segment 0's Psi runs from the caller's initial state S_0 (or zeros): its end state is S_1.
       common::load_initial_state(state4, p, n, h, vrow, t);
-      store_state(state4, segment_at(p, segment_slot(chunk_begin, 0, work.ls), h) + SegmentLayout::kPhiHiOffset,
-                  vrow, t, common::segment_state_view());
     } else {
       // Psi from zeros; Phi from the identity (row vrow of I in the fragment layout)
 #pragma unroll
