@@ -27,7 +27,7 @@
 // is 8 deep, not 24: the two kernels agree to fp32 rounding, not bit for bit. The CTAs of one
 // (n, h) share nothing but Phi's global copies, so they are launched without a cluster (one kept
 // S_0's copy from overwriting Phi_0 before all eight had read it, until the summary pass took
-// segment 0 over, session 35).
+// segment 0 over, session 36).
 #include <cuda.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>

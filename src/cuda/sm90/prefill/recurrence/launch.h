@@ -88,7 +88,7 @@ struct SegmentChoice {
 constexpr double kCombineUsPerSegment = 2.0;
 constexpr double kCombineUsPerSegmentPacked = 7.0;
 // The combine pass's steps for a chain of nseg segments: S_2 .. S_{nseg-1} (the summary pass
-// runs segment 0 from the initial state, so S_1 is its Psi_0; session 35). Until then it was
+// runs segment 0 from the initial state, so S_1 is its Psi_0; session 36). Until then it was
 // nseg - 1; with nseg - 2 no pick of the benchmark rows changes.
 constexpr int64_t combine_steps(int64_t nseg) { return nseg > 2 ? nseg - 2 : 0; }
 
