@@ -265,15 +265,15 @@ def _pool_variants(case, x) -> tuple[dict[str, Callable[[], Any]], Callable[[], 
     return runs, restore, out, pool, (read_long, other.long())
 
 
-def pool_main(args) -> int:
+def pool_main(args, cases) -> int:
     """The --pool mode: pool-indexed prefill against gather + prefill + scatter, and the cost
-    of boundary states (see the module docstring)."""
+    of boundary states (see the module docstring), on the pool cases main selected."""
     import torch
 
     peers = ["gather+scatter", "dense", "elsewhere", f"chunks/{_POOL_INTERVAL}",
              f"rows/{_POOL_INTERVAL}"]
     rows = []
-    for case in _select(_pool_cases(), args.cases):
+    for case in cases:
         x = testing.prefill_inputs(case, lib="torch", device="cuda", seed=0)
         runs, restore, out, pool, (read, other) = _pool_variants(case, x)
         row = testing.Row(case=case.name, kdakit_ms=None,
@@ -475,7 +475,7 @@ def main(argv: list[str] | None = None) -> int:
     cases, peer_cases, fla_cases = [], set(), set()
     try:
         if args.pool:
-            _select(_pool_cases(), args.cases)
+            cases = _select(_pool_cases(), args.cases)
         else:
             cases = _select(testing.prefill_bench_cases(), args.cases or (PLAN_COMPARE_CASES if args.plan_compare
                                                                              else None))
@@ -489,7 +489,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"kdakit.bench.prefill: needs a CUDA GPU ({why})")
         return 0
     if args.pool:
-        return pool_main(args)
+        return pool_main(args, cases)
     import torch
 
     if args.kernels:
