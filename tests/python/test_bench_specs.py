@@ -144,6 +144,14 @@ def test_prefill_bench_rejects_a_key_that_selects_nothing():
         assert exc.value.code == 2
 
 
+def test_prefill_bench_rejects_rounds_below_one(capsys):
+    from kdakit.bench import prefill
+    with pytest.raises(SystemExit) as exc:
+        prefill.main(["--rounds", "0"])
+    assert exc.value.code == 2
+    assert "--rounds" in capsys.readouterr().err
+
+
 def test_decode_bench_rejects_a_key_that_selects_nothing(capsys):
     from kdakit.bench import decode
     with pytest.raises(SystemExit) as exc:
