@@ -82,6 +82,29 @@ inline StateParams state_params(const PrefillParams& p) {
 // nvcc 13.0 kept three uniform branches around each of the 32 pairs of a 16-tile state: ~11
 // instructions a pair, ~350 for a state, run by every CTA that starts from the caller's state
 // (a whole-sequence recurrence, segment 0's summary) or writes the final state.
+// Runs f.template operator()<kKFirst, kBf16, kPairs>() for the call's state layout: the one
+// branch on the flags that load_state and store_state take. K-first states have no pair path.
+template <class P, class F>
+__device__ __forceinline__ void with_state_layout(const P& p, F&& f) {
+  if (p.k_first) {
+    if (p.state_bf16) {
+      f.template operator()<true, true, false>();
+    } else {
+      f.template operator()<true, false, false>();
+    }
+  } else if (p.state_bf16) {
+    if (p.state_pairs) {
+      f.template operator()<false, true, true>();
+    } else {
+      f.template operator()<false, true, false>();
+    }
+  } else if (p.state_pairs) {
+    f.template operator()<false, false, true>();
+  } else {
+    f.template operator()<false, false, false>();
+  }
+}
+
 template <bool kKFirst, bool kBf16, bool kPairs, int kTiles>
 __device__ __forceinline__ void load_state_as(float (&s)[kTiles][4], const void* base, int vrow, int quad,
                                               int tile0) {
@@ -134,23 +157,9 @@ __device__ __forceinline__ void load_state_as(float (&s)[kTiles][4], const void*
 template <int kTiles, class P>
 __device__ __forceinline__ void load_state(float (&s)[kTiles][4], const void* base, int vrow, int quad,
                                            const P& p, int tile0 = 0) {
-  if (p.k_first) {
-    if (p.state_bf16) {
-      load_state_as<true, true, false>(s, base, vrow, quad, tile0);
-    } else {
-      load_state_as<true, false, false>(s, base, vrow, quad, tile0);
-    }
-  } else if (p.state_bf16) {
-    if (p.state_pairs) {
-      load_state_as<false, true, true>(s, base, vrow, quad, tile0);
-    } else {
-      load_state_as<false, true, false>(s, base, vrow, quad, tile0);
-    }
-  } else if (p.state_pairs) {
-    load_state_as<false, false, true>(s, base, vrow, quad, tile0);
-  } else {
-    load_state_as<false, false, false>(s, base, vrow, quad, tile0);
-  }
+  with_state_layout(p, [&]<bool kKFirst, bool kBf16, bool kPairs>() {
+    load_state_as<kKFirst, kBf16, kPairs>(s, base, vrow, quad, tile0);
+  });
 }
 
 template <bool kKFirst, bool kBf16, bool kPairs, int kTiles>
@@ -199,23 +208,9 @@ __device__ __forceinline__ void store_state_as(const float (&s)[kTiles][4], void
 template <int kTiles, class P>
 __device__ __forceinline__ void store_state(const float (&s)[kTiles][4], void* base, int vrow, int quad,
                                             const P& p, int tile0 = 0) {
-  if (p.k_first) {
-    if (p.state_bf16) {
-      store_state_as<true, true, false>(s, base, vrow, quad, tile0);
-    } else {
-      store_state_as<true, false, false>(s, base, vrow, quad, tile0);
-    }
-  } else if (p.state_bf16) {
-    if (p.state_pairs) {
-      store_state_as<false, true, true>(s, base, vrow, quad, tile0);
-    } else {
-      store_state_as<false, true, false>(s, base, vrow, quad, tile0);
-    }
-  } else if (p.state_pairs) {
-    store_state_as<false, false, true>(s, base, vrow, quad, tile0);
-  } else {
-    store_state_as<false, false, false>(s, base, vrow, quad, tile0);
-  }
+  with_state_layout(p, [&]<bool kKFirst, bool kBf16, bool kPairs>() {
+    store_state_as<kKFirst, kBf16, kPairs>(s, base, vrow, quad, tile0);
+  });
 }
 
 // Address of one (slot, head) state: `elements` counted in the storage dtype.
