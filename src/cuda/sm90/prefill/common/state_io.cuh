@@ -83,8 +83,9 @@ inline StateParams state_params(const PrefillParams& p) {
 // instructions a pair, ~350 for a state, run by every CTA that starts from the caller's state
 // (a whole-sequence recurrence, segment 0's summary) or writes the final state.
 //
-// with_state_layout runs f.template operator()<kKFirst, kBf16, kPairs>() for the call's state layout: the one
-// branch on the flags that load_state and store_state take. K-first states have no pair path.
+// with_state_layout runs f.template operator()<kKFirst, kBf16, kPairs>() for the call's state
+// layout: the one branch on the flags that load_state and store_state take. K-first states have
+// no pair path.
 template <class P, class F>
 __device__ __forceinline__ void with_state_layout(const P& p, F&& f) {
   if (p.k_first) {
