@@ -71,6 +71,28 @@ __device__ __forceinline__ void mbarrier_wait(uint64_t* bar, uint32_t parity) {
       : "memory");
 }
 
+// Arrive and keep the phase's state token; wait on it (a thread that is both a producer and the
+// waiter, with no phase count to carry).
+__device__ __forceinline__ uint64_t mbarrier_arrive_state(uint64_t* bar) {
+  uint64_t state;
+  asm volatile("mbarrier.arrive.shared::cta.b64 %0, [%1];"
+               : "=l"(state)
+               : "r"(smem_addr(bar))
+               : "memory");
+  return state;
+}
+__device__ __forceinline__ void mbarrier_wait_state(uint64_t* bar, uint64_t state) {
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "WAIT_%=:\n"
+      "mbarrier.try_wait.shared::cta.b64 p, [%0], %1;\n"
+      "@!p bra WAIT_%=;\n"
+      "}\n" ::"r"(smem_addr(bar)),
+      "l"(state)
+      : "memory");
+}
+
 // ---- TMA ------------------------------------------------------------------------------------
 // Orders this thread's view of shared memory (generic proxy) before the async proxy's (TMA).
 __device__ __forceinline__ void fence_proxy_async_shared() {

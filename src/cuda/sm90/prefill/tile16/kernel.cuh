@@ -30,12 +30,16 @@
 //   P1  thread (c, hh): gate and running sum b over its half; warps: q/k row norms, beta
 //   P2  thread (c, hh): b from both halves' sums; the factor tiles Qm, Km, Kc, Kend
 //       (token-major) of its rows, and Qm1, Km1 (the second half's reference) for steep gates
-//   P3  warp w < 4: L (w = 0, 1) or M (w = 2, 3), one 8-column half each; every warp: W^T and
-//       S0^T Qt^T for its 16 value rows; then the wide channels' terms, if any
-//   P4  warp 0: T by forward substitution; every warp: R^T = (V^T - W^T) diag(beta)
-//   P5  U^T = R^T T^T, O^T += U^T M^T (stored), S^T = S^T diag(decay) + U^T Kend (the decay in P4)
-// The next tile's q, k and g are copied in (cp.async) from the end of P2 (P3 when a channel is
-// wide), its v from the end of P4, behind the rest of the tile.
+//   P3  warps 0, 1: L, warps 6, 7: M, one 8-column half each; every warp: W^T and S0^T Qt^T
+//       for its 16 value rows; warp 2, half-way through those: T by forward substitution, once
+//       warps 0 and 1 have stored L; then the wide channels' terms, if any
+//       (and T after them, past the barrier that closes P3, with one more barrier before P5)
+//   P4  every warp: R^T = (V^T - W^T) diag(beta), the state's decay (no barrier before P5)
+//   P5  U^T = R^T T^T, O^T += U^T M^T (stored), S^T = S^T diag(decay) + U^T Kend
+// Three CTA barriers a tile (after P1, P2 and P3). The raw inputs have two stages: tile j + 1's
+// q, k and g are copied in (cp.async) from the top of tile j, its v and its beta and scalar gate
+// (loaded into registers at the top) after tile j's P1 barrier; tile j's P3 barrier waits for
+// its q, k, g, beta and scalar gate, so that tile j + 1 starts without a barrier.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -50,6 +54,7 @@
 #include "cuda/common/mma_sm80.cuh"
 #include "cuda/sm90/prefill/common/gate.cuh"
 #include "cuda/sm90/prefill/common/o_store.cuh"
+#include "cuda/sm90/prefill/common/ptx.cuh"
 #include "cuda/sm90/prefill/common/state_io.cuh"
 #include "cuda/sm90/prefill/common/token_params.h"
 #include "cuda/sm90/prefill/tile16/config.h"
@@ -135,26 +140,33 @@ __device__ __forceinline__ Work work_of(const KernelParams& p, int cta) {
   return w;
 }
 
+// Byte offset of tile j's stage of raw inputs (add to the k*RawOffset of the plan).
+__device__ __forceinline__ uint32_t stage_offset(int j) {
+  return uint32_t(j & 1) * uint32_t(Smem::kStageBytes);
+}
+
 // The raw v of tile j into shared memory, as issue_tile_copies below.
+// The caller commits the group.
 __device__ __forceinline__ void issue_v_copy(const KernelParams& p, const Work& w, int j,
                                              uint8_t* smem, int tid) {
   const int valid = min(kTile, vld(&w.len) - j * kTile);
   // 16 rows x 16 chunks of 16 bytes; one chunk per thread
   const int r = tid >> 4, ch = tid & 15;
-  uint8_t* dst = smem + Smem::kVRawOffset + uint32_t(r) * (kHeadDim * 2) + ch * 16;
+  uint8_t* dst =
+      smem + stage_offset(j) + Smem::kVRawOffset + uint32_t(r) * (kHeadDim * 2) + ch * 16;
   if (r < valid)
     cp_async_16(smem_u32(dst),
                 p.v + vld(&w.v_off) + (int64_t(j) * kTile + r) * p.stride_v_t + ch * 8);
   else
     *reinterpret_cast<uint4*>(dst) = make_uint4(0, 0, 0, 0);
-  kdakit::cuda::cp_async_commit();
 }
 
 // The raw q, k and (per-channel) g of tile j into shared memory: cp.async for the tile's
 // tokens, zeros for q and k rows past the sequence (never read from global memory: they may
-// hold another sequence's values or lie past the tensor).
+// hold another sequence's values or lie past the tensor). The caller commits the group.
 __device__ __forceinline__ void issue_tile_copies(const KernelParams& p, const Work& w, int j,
-                                                  uint8_t* smem, int tid) {
+                                                  uint8_t* smem_base, int tid) {
+  uint8_t* smem = smem_base + stage_offset(j);
   const int valid = min(kTile, vld(&w.len) - j * kTile);
   const int64_t tok0 = int64_t(j) * kTile;
   const int64_t q_off = vld(&w.q_off), k_off = vld(&w.k_off), g_off = vld(&w.g_off);
@@ -194,7 +206,6 @@ __device__ __forceinline__ void issue_tile_copies(const KernelParams& p, const W
       }
     }
   }
-  kdakit::cuda::cp_async_commit();
 }
 
 // Raw beta and scalar gate of token `tid` of tile j (threads < 16; 0 past the sequence).
@@ -231,6 +242,79 @@ __device__ __forceinline__ void acc_as_a(const float (&c)[4], uint32_t (&a)[4]) 
   a[3] = to_tf32(c[3]);
 }
 
+// threadIdx.x read anew (volatile: not merged with earlier reads), so that values derived from
+// it are recomputed in the tile loop rather than held across it (at 128 registers the compiler
+// spilled the thread-in-group index instead).
+__device__ __forceinline__ int fresh_tid() {
+  int x;
+  asm volatile("mov.u32 %0, %%tid.x;" : "=r"(x));
+  return x;
+}
+
+// T = (I + diag(beta) L)^-1 by fp32 forward substitution, written over L: one warp, lane = column
+// (lanes 16-31 repeat lanes 0-15 and store nothing).
+__device__ __forceinline__ void invert_tile(float* l_s, const float* beta) {
+  constexpr int PT = Smem::kPitchT;
+  const int lane = int(threadIdx.x) & 31;  // from threadIdx again: 128 registers
+  const int col = lane & (kTile - 1);
+  float x[kTile];
+#pragma unroll
+  for (int i = 0; i < kTile; ++i) {
+    float acc0 = 0.f, acc1 = 0.f;  // two chains: half the dependent FMAs per row
+#pragma unroll
+    for (int r = 0; r < i; r += 2) {
+      acc0 += l_s[i * PT + r] * x[r];
+      if (r + 1 < i) acc1 += l_s[i * PT + r + 1] * x[r + 1];
+    }
+    x[i] = (i == col ? 1.f : 0.f) - beta[i] * (acc0 + acc1);
+  }
+  __syncwarp();  // T goes over L: every lane is done reading it
+  if (lane < kTile) {
+#pragma unroll
+    for (int i = 0; i < kTile; ++i) l_s[i * PT + col] = x[i];
+  }
+}
+
+// W^T += S0^T diag(2^m) Km^T and S0^T Qt^T += S0^T diag(2^m) Qm^T over key tiles k0 .. k0 + 7
+// (channels 8 k0 .. 8 k0 + 63): the warp's 16 value rows x 16 tokens.
+template <int k0>
+__device__ __forceinline__ void state_products(const float (&state)[16][4], const float* m2_s,
+                                               const uint8_t* smem, int g, int t,
+                                               float (&wacc)[2][4], float (&qacc)[2][4]) {
+  constexpr int PC = Smem::kPitchC;
+#pragma unroll
+  for (int kk = k0; kk < k0 + kHeadDim / 16; ++kk) {
+    const int ch = 8 * kk + 2 * t;
+    const float2 f = *reinterpret_cast<const float2*>(m2_s + ch);
+    uint32_t a[4];
+    a[0] = to_tf32(state[kk][0] * f.x);
+    a[1] = to_tf32(state[kk][2] * f.x);
+    a[2] = to_tf32(state[kk][1] * f.y);
+    a[3] = to_tf32(state[kk][3] * f.y);
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt) {
+      const float2 kb = lds2(smem + Smem::kKmOffset, uint32_t((8 * nt + g) * PC + ch) * 4);
+      const float2 qb = lds2(smem + Smem::kQmOffset, uint32_t((8 * nt + g) * PC + ch) * 4);
+      mma_tf32_1688(wacc[nt], a, __float_as_uint(kb.x), __float_as_uint(kb.y));
+      mma_tf32_1688(qacc[nt], a, __float_as_uint(qb.x), __float_as_uint(qb.y));
+    }
+  }
+}
+
+// Tile j's activated beta and raw scalar gate of token tid (threads < 16) into its stage's slots
+// (beta 0 past the sequence).
+__device__ __forceinline__ void store_token_scalars(const KernelParams& p, const Work& w, int j,
+                                                    int tid, float beta, float gs, float* beta_s,
+                                                    float* gs_s) {
+  if (tid >= kTile) return;
+  const int valid = min(kTile, vld(&w.len) - j * kTile);
+  const int slot = (j & 1) * kTile + tid;
+  beta_s[slot] = tid < valid
+                     ? kdakit::cuda::beta_activation(beta, p.use_beta_sigmoid, p.allow_neg_eigval)
+                     : 0.f;
+  gs_s[slot] = gs;
+}
+
 template <GateMode kGate>
 __global__ void __launch_bounds__(kThreads, kMinCtasPerSm)
     kda_prefill_tile16_sm90_kernel(const __grid_constant__ KernelParams p) {
@@ -246,6 +330,8 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm)
   if (!tile_side_runs(p.route)) return;  // a routed call the two-kernel path takes
 
   Work& wk = *reinterpret_cast<Work*>(smem + Smem::kWorkOffset);
+  uint64_t* lbar = reinterpret_cast<uint64_t*>(smem + Smem::kLBarOffset);
+  if (tid == 0) ptx::mbarrier_init(lbar, 3 * 32);  // visible past the barrier below
   if (warp == 0) {
     const Work w = work_of(p, int(blockIdx.x));
     const int64_t base = p.chunk_states != nullptr ? common::chunk_state_base_of(p, w.n, lane) : 0;
@@ -258,14 +344,17 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm)
   const int n = vld(&wk.n), h = vld(&wk.h), len = vld(&wk.len);
   const int tiles = (len + kTile - 1) / kTile;
 
+  float* beta_s = reinterpret_cast<float*>(smem + Smem::kBetaOffset);
+  float* gs_s = reinterpret_cast<float*>(smem + Smem::kGsOffset);
   // The first tile's inputs, then the state (in flight together).
-  float beta_next = 0.f, gs_next = 0.f;
+  float beta0 = 0.f, gs0 = 0.f;
   if (tiles > 0) {
     issue_tile_copies(p, wk, 0, smem, tid);
     issue_v_copy(p, wk, 0, smem, tid);
-    beta_next = load_beta(p, wk, 0, tid);
-    gs_next = load_scalar_gate(p, wk, 0, tid);
+    beta0 = load_beta(p, wk, 0, tid);
+    gs0 = load_scalar_gate(p, wk, 0, tid);
   }
+  kdakit::cuda::cp_async_commit();
   // The warp's 16 value rows of S^T (vrow: row of c0/c1; c2/c3: vrow + 8), key tiles j = 0..15.
   const int vrow = kWarpCols * warp + g;
   float state[16][4];
@@ -288,24 +377,31 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm)
   float* qm1_s = reinterpret_cast<float*>(smem + Smem::kQm1Offset);
   float* km1_s = reinterpret_cast<float*>(smem + Smem::kKm1Offset);
   float* kend_s = reinterpret_cast<float*>(smem + Smem::kKendOffset);
-  float* b_s = reinterpret_cast<float*>(smem + Smem::kBOffset);  // over the raw g
   float* l_s = reinterpret_cast<float*>(smem + Smem::kLOffset);
   float* m_s = reinterpret_cast<float*>(smem + Smem::kMOffset);
   float* t_s = reinterpret_cast<float*>(smem + Smem::kTOffset);
-  const __nv_bfloat16* q_raw = reinterpret_cast<const __nv_bfloat16*>(smem + Smem::kQRawOffset);
-  const __nv_bfloat16* k_raw = reinterpret_cast<const __nv_bfloat16*>(smem + Smem::kKRawOffset);
   float* decay_s = reinterpret_cast<float*>(smem + Smem::kDecayOffset);
   float* m2_s = reinterpret_cast<float*>(smem + Smem::kM2Offset);
   float* half_s = reinterpret_cast<float*>(smem + Smem::kHalfSumOffset);
   float* rq_s = reinterpret_cast<float*>(smem + Smem::kRqOffset);
   float* rk_s = reinterpret_cast<float*>(smem + Smem::kRkOffset);
-  float* beta_s = reinterpret_cast<float*>(smem + Smem::kBetaOffset);
-  float* gs_s = reinterpret_cast<float*>(smem + Smem::kGsOffset);
   uint32_t* wide_s = reinterpret_cast<uint32_t*>(smem + Smem::kWideOffset);
   constexpr int PC = Smem::kPitchC, PK = Smem::kPitchK, PT = Smem::kPitchT;
+  // Stored here, once the gate constants' loads are issued (warp 0 waits for beta to store it).
+  if (tiles > 0) store_token_scalars(p, wk, 0, tid, beta0, gs0, beta_s, gs_s);
+  kdakit::cuda::cp_async_wait_all();
+  __syncthreads();  // the first tile's raw inputs, beta and scalar gate
 
   for (int j = 0; j < tiles; ++j) {
     const int valid = min(kTile, vld(&wk.len) - j * kTile);
+    const int t = fresh_tid() & 3;  // shadows the prologue's
+    const bool more = j + 1 < tiles;
+    // This tile's stage of raw inputs; the wide channels' running sums b go over its raw g.
+    uint8_t* stage = smem + stage_offset(j);
+    const __nv_bfloat16* q_raw = reinterpret_cast<const __nv_bfloat16*>(stage + Smem::kQRawOffset);
+    const __nv_bfloat16* k_raw = reinterpret_cast<const __nv_bfloat16*>(stage + Smem::kKRawOffset);
+    float* b_s = reinterpret_cast<float*>(stage + Smem::kBOffset);
+    const float* beta_t = beta_s + (j & 1) * kTile;
     // The state entering this tile, at every chunk-state interval (a multiple of 64 tokens).
     if (chunks_per_state > 0 && j % chunks_per_state == 0) {
       const int64_t off =
@@ -315,21 +411,22 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm)
                             common::StateView{p.k_first, p.chunk_bf16, p.chunk_pairs});
     }
 
-    // ---- P1: gates and running sums (thread = channel), norms and beta
-    // ---------------------------
-    if (tid < kTile) {
-      beta_s[tid] = tid < valid ? kdakit::cuda::beta_activation(beta_next, p.use_beta_sigmoid,
-                                                                p.allow_neg_eigval)
-                                : 0.f;
-      gs_s[tid] = gs_next;
-    }
-    kdakit::cuda::cp_async_wait_all();
-    __syncthreads();
-    if (tid < kTile &&
-        j + 1 < tiles) {  // the next tile's beta and scalar gate land during this one
+    // The next tile's raw q, k and g into the other stage (the tile before this one read it
+    // before its P3 barrier), its beta and scalar gate into registers (stored after this tile's
+    // P1 barrier). Every tile commits a group, empty or not, for the waits' counts.
+    if (more) issue_tile_copies(p, wk, j + 1, smem, tid);
+    kdakit::cuda::cp_async_commit();
+    float beta_next = 0.f, gs_next = 0.f;
+    if (more && tid < kTile) {
       beta_next = load_beta(p, wk, j + 1, tid);
       gs_next = load_scalar_gate(p, wk, j + 1, tid);
     }
+
+    // ---- P1: gates and running sums (thread = channel), norms and beta
+    // ---------------------------
+    // No barrier first: this tile's raw q, k, g, beta and scalar gate were waited for and stored
+    // before the last tile's P3 barrier (the first tile's before the loop), and P1 writes only
+    // rq, rk and the halves' sums, which the last tile read before that barrier.
     {
       // warp w: rows 2w, 2w + 1 of q (sums 0, 1) and of k (2, 3); lane = channels 4 lane .. + 3.
       // A transposed butterfly: after the xor-16 and 8 steps lane l holds sum (l / 8) % 4 of its
@@ -368,16 +465,16 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm)
     float b[kTileHalf];  // the raw gate of rows r0 + i, then the running sum over the half
     if (p.scalar_gate) {
 #pragma unroll
-      for (int i = 0; i < kTileHalf; ++i) b[i] = gs_s[r0 + i];
+      for (int i = 0; i < kTileHalf; ++i) b[i] = gs_s[(j & 1) * kTile + r0 + i];
     } else if (p.g_fp32) {
 #pragma unroll
       for (int i = 0; i < kTileHalf; ++i)
-        b[i] = reinterpret_cast<const float*>(smem + Smem::kGRawOffset)[(r0 + i) * kHeadDim + c];
+        b[i] = reinterpret_cast<const float*>(stage + Smem::kGRawOffset)[(r0 + i) * kHeadDim + c];
     } else {
 #pragma unroll
       for (int i = 0; i < kTileHalf; ++i)
         b[i] = __bfloat162float(reinterpret_cast<const __nv_bfloat16*>(
-            smem + Smem::kGRawOffset)[(r0 + i) * kHeadDim + c]);
+            stage + Smem::kGRawOffset)[(r0 + i) * kHeadDim + c]);
     }
     {
       float run = 0.f;
@@ -391,6 +488,13 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm)
       half_s[hh * kHeadDim + c] = run;
     }
     __syncthreads();  // rq, rk, the halves' sums
+    // The next tile's v into the other stage, its beta and scalar gate into their slots (the
+    // last tile's P4 read them before this barrier).
+    if (more) {
+      issue_v_copy(p, wk, j + 1, smem, tid);
+      store_token_scalars(p, wk, j + 1, tid, beta_next, gs_next, beta_s, gs_s);
+    }
+    kdakit::cuda::cp_async_commit();
     const float sum0 = half_s[c];
     const float bend = sum0 + half_s[kHeadDim + c];
     if (hh == 1) {
@@ -464,13 +568,20 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm)
       if (wide0 || wide1) b_s[r * kHeadDim + c] = b[i];
     }
     const bool any_wide = __syncthreads_or(wide0 || wide1) != 0;
-    // Raw q, k, g of this tile are dead unless wide channels read them in P3.
-    if (!any_wide && j + 1 < tiles) issue_tile_copies(p, wk, j + 1, smem, tid);
 
     // ---- P3: L, M and the state products (tf32 tensor cores) ------------------------------
-    if (warp < 4) {
-      // warp 0, 1: L; 2, 3: M; columns 8 nt .. 8 nt + 7, row factors against half nt's reference
-      const int mat = warp >> 1, nt = warp & 1;
+    // W^T = S0^T diag(2^m) Km^T and S0^T diag(2^m) Qm^T: the warp's 16 value rows x 16 tokens,
+    // in two halves of key tiles; warps 2-5 take their first half while the others compute L and M.
+    float wacc[2][4], qacc[2][4];
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) wacc[nt][e] = qacc[nt][e] = 0.f;
+    if (!is_lm_warp(warp)) {
+      state_products<0>(state, m2_s, smem, g, t, wacc, qacc);
+    } else {
+      // warp 0, 1: L; 6, 7: M; columns 8 nt .. 8 nt + 7, row factors against half nt's reference
+      const int mat = warp < 2 ? 0 : 1, nt = warp & 1;
       const bool second = kHalfRefs && nt == 1;
       const uint8_t* rows = smem + (mat == 0 ? (second ? Smem::kKm1Offset : Smem::kKmOffset)
                                              : (second ? Smem::kQm1Offset : Smem::kQmOffset));
@@ -494,29 +605,23 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm)
         out[row * PT + cl] = (mat == 1 && cl > row) ? 0.f : acc[e];
       }
     }
-    // W^T = S0^T diag(2^m) Km^T and S0^T diag(2^m) Qm^T: the warp's 16 value rows x 16 tokens.
-    float wacc[2][4], qacc[2][4];
-#pragma unroll
-    for (int nt = 0; nt < 2; ++nt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) wacc[nt][e] = qacc[nt][e] = 0.f;
-#pragma unroll
-    for (int kk = 0; kk < kHeadDim / 8; ++kk) {
-      const int ch = 8 * kk + 2 * t;
-      const float2 f = *reinterpret_cast<const float2*>(m2_s + ch);
-      uint32_t a[4];
-      a[0] = to_tf32(state[kk][0] * f.x);
-      a[1] = to_tf32(state[kk][2] * f.x);
-      a[2] = to_tf32(state[kk][1] * f.y);
-      a[3] = to_tf32(state[kk][3] * f.y);
-#pragma unroll
-      for (int nt = 0; nt < 2; ++nt) {
-        const float2 kb = lds2(smem + Smem::kKmOffset, uint32_t((8 * nt + g) * PC + ch) * 4);
-        const float2 qb = lds2(smem + Smem::kQmOffset, uint32_t((8 * nt + g) * PC + ch) * 4);
-        mma_tf32_1688(wacc[nt], a, __float_as_uint(kb.x), __float_as_uint(kb.y));
-        mma_tf32_1688(qacc[nt], a, __float_as_uint(qb.x), __float_as_uint(qb.y));
+    // L is stored: warps 0 and 1 hand it over without waiting, and warp kSubstWarp, half-way
+    // through its products, inverts it while the L and M warps do theirs (after the wide
+    // channels' terms when there are any: P4). Warp kSubstWarp arrives too, for the phase's
+    // token (no phase count to carry).
+    // NOTE: an mbarrier, not a named barrier: with bar.arrive / bar.sync on these three warps,
+    // compute-sanitizer racecheck reported 19-54 hazards between accesses that CTA barriers
+    // order (none with a CTA barrier in the same place); the mbarrier runs as fast and racecheck
+    // reports none (docs/design/20261202-prefill-tile16.md, session 38).
+    if (!any_wide) {
+      if (warp < 2) ptx::mbarrier_arrive(lbar);  // releases each thread's L stores
+      if (warp == kSubstWarp) {
+        ptx::mbarrier_wait_state(lbar, ptx::mbarrier_arrive_state(lbar));
+        invert_tile(t_s, beta_t);
       }
     }
+    if (is_lm_warp(warp)) state_products<0>(state, m2_s, smem, g, t, wacc, qacc);
+    state_products<kHeadDim / 16>(state, m2_s, smem, g, t, wacc, qacc);
     if (any_wide) {
       // Wide channels: their L and M terms with columns in the half where they are wide, per
       // element, on top of the tensor-core sums.
@@ -543,44 +648,27 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm)
         out[r * PT + s] += sum * rr * rk_s[s];
       }
     }
-    __syncthreads();  // L, M
-    if (any_wide && j + 1 < tiles) issue_tile_copies(p, wk, j + 1, smem, tid);
+    // This tile's v and the next tile's q, k and g have landed (the next tile's v may not have).
+    kdakit::cuda::cp_async_wait_group<1>();
+    __syncthreads();  // L, M, T; this tile's v; the next tile's raw q, k, g, beta, scalar gate
 
-    // ---- P4: T = (I + diag(beta) L)^-1 (warp 0, lane = column), R^T = (V^T - W^T) diag(beta)
-    if (warp == 0) {
-      const int col = lane & (kTile - 1);
-      float x[kTile];
-#pragma unroll
-      for (int i = 0; i < kTile; ++i) {
-        float acc0 = 0.f, acc1 = 0.f;  // two chains: half the dependent FMAs per row
-#pragma unroll
-        for (int r = 0; r < i; r += 2) {
-          acc0 += l_s[i * PT + r] * x[r];
-          if (r + 1 < i) acc1 += l_s[i * PT + r + 1] * x[r + 1];
-        }
-        x[i] = (i == col ? 1.f : 0.f) - beta_s[i] * (acc0 + acc1);
-      }
-      __syncwarp();  // T goes over L: every lane is done reading it
-      if (lane < kTile) {
-#pragma unroll
-        for (int i = 0; i < kTile; ++i) t_s[i * PT + col] = x[i];
-      }
-    }
+    // ---- P4: R^T = (V^T - W^T) diag(beta), the state's decay; T if wide channels delayed it
+    if (any_wide && warp == kSubstWarp) invert_tile(t_s, beta_t);
     {
-      const __nv_bfloat16* v_raw = reinterpret_cast<const __nv_bfloat16*>(smem + Smem::kVRawOffset);
+      const __nv_bfloat16* v_raw =
+          reinterpret_cast<const __nv_bfloat16*>(stage + Smem::kVRawOffset);
 #pragma unroll
       for (int nt = 0; nt < 2; ++nt)
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           const int tok = 8 * nt + 2 * t + (e & 1);
           const int vc = kWarpCols * warp + g + 8 * (e >> 1);
-          wacc[nt][e] = (__bfloat162float(v_raw[tok * kHeadDim + vc]) - wacc[nt][e]) * beta_s[tok];
+          wacc[nt][e] = (__bfloat162float(v_raw[tok * kHeadDim + vc]) - wacc[nt][e]) * beta_t[tok];
         }
     }
-    // The state's decay over the tile (S0^T diag(2^b_15)), while warp 0 finishes T.
+    // The state's decay over the tile (S0^T diag(2^b_15)).
     common::decay_state(state, decay_s, t);
-    __syncthreads();  // T; v is read
-    if (j + 1 < tiles) issue_v_copy(p, wk, j + 1, smem, tid);
+    if (any_wide) __syncthreads();  // T
 
     // ---- P5: U^T = R^T T^T; O^T = S0^T Qt^T + U^T M^T; S^T = S0^T diag(decay) + U^T Kend
     // ----------
@@ -664,7 +752,9 @@ Status launch_prefill_tile16(const PrefillParams& p, const WorkspacePlan& plan,
   kp.stride_v_h = p.stride_v_h;
 
   auto kernel = kda_prefill_tile16_sm90_kernel<kGate>;
-  constexpr int kSmem = int(SharedMemoryPlan::kBytes);
+  // The lower-bound gate's kernel has no second-reference tiles (Qm1, Km1: the plan's end).
+  constexpr int kSmem = int(kGate == GateMode::kLowerBound ? SharedMemoryPlan::kBytesOneRef
+                                                           : SharedMemoryPlan::kBytes);
   // NOTE: per function and device; set once per device (common/device_setup.cuh), so no driver
   // call is left on the run path.
   static kdakit::cuda::PerDeviceOnce attr_once;
