@@ -314,6 +314,12 @@ struct KnownChains {
 // max_k ceil(n_k / SMs) c_k's term for the sequence of launch rank `rank` (0 the longest) with
 // `chain` chunks; with the lengths unranked (more than kOrderedSeqs sequences), the longest's term
 // alone.
+// Segments after the first of a chain of `chunks` chunks cut into segments of `ls` (0 when ls <= 0
+// or the chain fits one): what each summary pass runs per value head and slice. The plan kernel
+// sums it over the batch on the device (prep/plan_kernel.cuh), known_chains on the host.
+constexpr int64_t extra_segments(int64_t chunks, int64_t ls) {
+  return ls > 0 && chunks > ls ? (chunks + ls - 1) / ls - 1 : 0;
+}
 constexpr int64_t stacked_term(int64_t rank, int64_t chain, int32_t num_v_heads, int rows, int num_sms) {
   const int64_t ctas = (rank + 1) * num_v_heads * (kHeadDim / rows);
   return (ctas + num_sms - 1) / num_sms * chain;
@@ -352,8 +358,7 @@ constexpr KnownChains known_chains(const int64_t* sorted, int n, const ShapeRout
   KnownChains k{sorted[0], 0, 0, 0, 0};
   for (int i = 0; i < n; ++i) {
     k.total += sorted[i];
-    if (r.segment_chunks > 0 && sorted[i] > r.segment_chunks)
-      k.full_segments += (sorted[i] + r.segment_chunks - 1) / r.segment_chunks - 1;
+    k.full_segments += extra_segments(sorted[i], r.segment_chunks);
     const int64_t t64 = stacked_term(i, sorted[i], num_v_heads, 64, r.num_sms);
     const int64_t th = stacked_term(i, sorted[i], num_v_heads, r.rows, r.num_sms);
     k.stacked64 = t64 > k.stacked64 ? t64 : k.stacked64;
