@@ -126,7 +126,8 @@ __global__ void __launch_bounds__(kPlanThreads) kda_prefill_plan_sm90_kernel(con
       if (N <= kOrderedSeqs) lens[n] = int(end - start);
       chunks = (end - start + kChunk - 1) / kChunk;
       const int64_t ls = p.shape_route.segment_chunks;
-      if (ls > 0 && chunks > ls) atomicAdd(&full_segments, (unsigned long long)extra_segments(chunks, ls));
+      if (ls > 0 && chunks > ls)
+        atomicAdd(&full_segments, (unsigned long long)extra_segments(chunks, ls));
     }
     long long offset, tile_total;
     Scan(scan_storage).ExclusiveSum(chunks, offset, tile_total);
