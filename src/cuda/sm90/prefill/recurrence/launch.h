@@ -311,15 +311,15 @@ struct KnownChains {
   int64_t stacked64;      // max_k ceil(n_k / SMs) c_k at 64 value rows (2 CTAs per sequence and head)
   int64_t stacked_host;   // the same at the host shape's rows (whole sequences)
 };
-// max_k ceil(n_k / SMs) c_k's term for the sequence of launch rank `rank` (0 the longest) with
-// `chain` chunks; with the lengths unranked (more than kOrderedSeqs sequences), the longest's term
-// alone.
-// Segments after the first of a chain of `chunks` chunks cut into segments of `ls` (0 when ls <= 0
-// or the chain fits one): what each summary pass runs per value head and slice. The plan kernel
+// The segments of a chain of `chunks` chunks cut into segments of `ls` that are not its last (0
+// when ls <= 0 or the chain fits one segment): KnownChains::full_segments' term. The plan kernel
 // sums it over the batch on the device (prep/plan_kernel.cuh), known_chains on the host.
 constexpr int64_t extra_segments(int64_t chunks, int64_t ls) {
   return ls > 0 && chunks > ls ? (chunks + ls - 1) / ls - 1 : 0;
 }
+// max_k ceil(n_k / SMs) c_k's term for the sequence of launch rank `rank` (0 the longest) with
+// `chain` chunks; with the lengths unranked (more than kOrderedSeqs sequences), the longest's term
+// alone.
 constexpr int64_t stacked_term(int64_t rank, int64_t chain, int32_t num_v_heads, int rows, int num_sms) {
   const int64_t ctas = (rank + 1) * num_v_heads * (kHeadDim / rows);
   return (ctas + num_sms - 1) / num_sms * chain;

@@ -401,7 +401,8 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm)
     const __nv_bfloat16* q_raw = reinterpret_cast<const __nv_bfloat16*>(stage + Smem::kQRawOffset);
     const __nv_bfloat16* k_raw = reinterpret_cast<const __nv_bfloat16*>(stage + Smem::kKRawOffset);
     float* b_s = reinterpret_cast<float*>(stage + Smem::kBOffset);
-    const float* beta_t = beta_s + (j & 1) * kTile;
+    const float* beta_t = beta_s + (j & 1) * kTile;  // this tile's slots
+    const float* gs_t = gs_s + (j & 1) * kTile;
     // The state entering this tile, at every chunk-state interval (a multiple of 64 tokens).
     if (chunks_per_state > 0 && j % chunks_per_state == 0) {
       const int64_t off =
@@ -465,7 +466,7 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm)
     float b[kTileHalf];  // the raw gate of rows r0 + i, then the running sum over the half
     if (p.scalar_gate) {
 #pragma unroll
-      for (int i = 0; i < kTileHalf; ++i) b[i] = gs_s[(j & 1) * kTile + r0 + i];
+      for (int i = 0; i < kTileHalf; ++i) b[i] = gs_t[r0 + i];
     } else if (p.g_fp32) {
 #pragma unroll
       for (int i = 0; i < kTileHalf; ++i)
