@@ -320,8 +320,9 @@ bool use_tile16(const PrefillParams& p) {
 // longest member: 4096 + 8 x 512 at 1.73 ms, a 32K-token member ~13 ms).
 // NOTE: on an H100 (session 39) the exiting grids and launch gaps cost 1.9% at H96 1024 x 8 and
 // 3.7% at H32 1024 x 8. A prep grid of two CTAs per SM looping over the items (fewer CTAs to exit)
-// made the rows where the prep does the work 5% slower, and was not kept
-// (docs/design/20261129-prefill.md, session 39).
+// made the rows where the prep does the work 5% slower, and so did (by ~30%) the plan kernel
+// launching the prep grid from the device; neither was kept (docs/design/20261129-prefill.md,
+// session 39).
 bool route_on_device(const PrefillParams& p) {
   if (forced_path() != PrefillPath::kAuto || tile16_bound_override() >= 0) return false;
   if (p.cu_seqlens == nullptr || p.max_seqlen > 0) return false;
