@@ -319,9 +319,9 @@ bool use_tile16(const PrefillParams& p) {
 // one CTA (before this, an unhinted batch averaging at most 512 took the tile kernel whatever its
 // longest member: 4096 + 8 x 512 at 1.73 ms, a 32K-token member ~13 ms).
 // NOTE: on an H100 (session 39) the exiting grids and launch gaps cost 1.9% at H96 1024 x 8 and
-// 3.7% at H32 1024 x 8. A prep grid of two CTAs per SM looping over the items (fewer CTAs to exit)
-// made the rows where the prep does the work 5% slower, and so did (by ~30%) the plan kernel
-// launching the prep grid from the device; neither was kept (docs/design/20261129-prefill.md,
+// 3.7% at H32 1024 x 8. Two ways to exit fewer CTAs made the rows where the prep does the work
+// slower, and neither was kept: a prep grid of two CTAs per SM looping over the items (+5%), and
+// the plan kernel launching the prep grid from the device (+30%; docs/design/20261129-prefill.md,
 // session 39).
 bool route_on_device(const PrefillParams& p) {
   if (forced_path() != PrefillPath::kAuto || tile16_bound_override() >= 0) return false;
