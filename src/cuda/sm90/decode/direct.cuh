@@ -35,7 +35,7 @@
 #include "cuda/common/dtype.cuh"
 #include "cuda/common/ptx_sm90.cuh"
 #include "cuda/sm90/decode/config.h"
-#include "cuda/sm90/decode/fast_launch.cuh"
+#include "cuda/common/pdl_launch.cuh"
 #include "cuda/sm90/decode/launch.h"
 #include "cuda/sm90/decode/warp_token.cuh"
 
@@ -130,7 +130,7 @@ Status launch_direct(const FastDecodeParams& p, cudaStream_t stream, bool pdl) {
                   "decode: the direct kernel takes at most " + std::to_string(kDirectMaxSeqs) +
                       " sequences (grid y), got " + std::to_string(p.num_seqs));
   }
-  return launch_pdl_kernel(kda_decode_sm90_direct_kernel<StateT, kHeadDim, kRowsPerWarp>,
+  return kdakit::cuda::launch_pdl_kernel(kda_decode_sm90_direct_kernel<StateT, kHeadDim, kRowsPerWarp>,
                            "kda_decode_sm90_direct_kernel",
                            dim3(unsigned(p.num_v_heads * kSlices), unsigned(p.num_seqs)), kDirectThreads,
                            0, stream, pdl, p);

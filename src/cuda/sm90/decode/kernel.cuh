@@ -54,7 +54,7 @@
 #include "cuda/common/mma_sm80.cuh"
 #include "cuda/common/ptx_sm90.cuh"
 #include "cuda/sm90/decode/config.h"
-#include "cuda/sm90/decode/fast_launch.cuh"
+#include "cuda/common/pdl_launch.cuh"
 #include "cuda/sm90/decode/launch.h"
 
 namespace kdakit::sm90::recurrent {
@@ -940,7 +940,7 @@ Status launch_staged(const RecurrentKernelParams& p, cudaStream_t stream, bool p
                                               ": setting the shared-memory carveout failed: " +
                                               cudaGetErrorString(carveout));
   }
-  return launch_pdl_kernel(kernel, "kda_decode_sm90_staged_kernel", dim3(unsigned(ctas)), kThreads, smem_bytes, stream,
+  return kdakit::cuda::launch_pdl_kernel(kernel, "kda_decode_sm90_staged_kernel", dim3(unsigned(ctas)), kThreads, smem_bytes, stream,
                            pdl, p);
 }
 

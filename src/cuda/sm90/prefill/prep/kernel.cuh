@@ -84,6 +84,8 @@
 #include "cuda/common/dtype.cuh"
 #include "cuda/common/math.cuh"
 #include "cuda/common/mma_sm80.cuh"
+#include "cuda/common/pdl_launch.cuh"
+#include "cuda/common/ptx_sm90.cuh"
 #include "cuda/sm90/prefill/prep/config.h"
 #include "cuda/sm90/prefill/prep/launch.h"
 #include "cuda/sm90/prefill/common/gate.cuh"
@@ -314,7 +316,13 @@ __global__ void __launch_bounds__(kThreads, 2) kda_prefill_prep_sm90_kernel(cons
   using Plan = SharedMemoryPlan;
   using Layout = ChunkBlockLayout;
   extern __shared__ __align__(128) unsigned char smem[];
-  if (!chunk_side_runs(p.route)) return;  // a routed call the tile kernel takes
+  if (!chunk_side_runs(p.route)) {  // a routed call the tile kernel takes
+    // NOTE: a routed call's grid is launched with PDL after the tile kernel (launch_prep_kernel),
+    // so these exits run in the tile kernel's last wave. The grid's last CTA waits for the tile
+    // kernel, so that this grid, and what the stream runs after it, completes after it.
+    if (blockIdx.x == gridDim.x - 1) kdakit::cuda::ptx::griddep_wait();
+    return;
+  }
 
   // NOTE: value heads vary fastest, so the CTAs in flight read the rows of all heads of the
   // same tokens (contiguous in q/k/v/g) and write consecutive blocks. The grid covers the
@@ -1025,8 +1033,14 @@ Status launch_prep_kernel(const PrepParams& params, int64_t max_chunks, cudaStre
   if (ctas > int64_t(INT32_MAX)) {
     return Status(StatusCode::kUnsupported, "prefill prep: supports up to 2^31 - 1 (chunk, value head) pairs");
   }
-  kernel<<<unsigned(ctas), kThreads, kSmem, stream>>>(params);
-  return cuda_status(cudaGetLastError(), __LINE__, "kda_prefill_prep_sm90_kernel launch");
+  // NOTE: a routed call (the tile kernel launched just before, which triggers this grid's launch
+  // at its start) with PDL: the side that exits, which is this grid when the tile kernel does
+  // the work, then exits on the SMs the tile kernel's last wave leaves free, instead of after it
+  // (13,152 CTAs at H96 1024 x 8: 15.3 us on an H100, session 39). The chunk side does not read
+  // what the tile kernel writes (nothing, on that side).
+  const bool after_tile = params.route.longest != nullptr;
+  return kdakit::cuda::launch_pdl_kernel(kernel, "kda_prefill_prep_sm90_kernel", dim3(unsigned(ctas)), kThreads,
+                                         kSmem, stream, after_tile, params);
 }
 
 }  // namespace kdakit::sm90::prefill::prep

@@ -52,6 +52,7 @@
 #include "cuda/common/device_setup.cuh"
 #include "cuda/common/math.cuh"
 #include "cuda/common/mma_sm80.cuh"
+#include "cuda/common/ptx_sm90.cuh"
 #include "cuda/sm90/prefill/common/gate.cuh"
 #include "cuda/sm90/prefill/common/o_store.cuh"
 #include "cuda/sm90/prefill/common/ptx.cuh"
@@ -327,6 +328,9 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm)
   const int tid = int(threadIdx.x);
   const int warp = tid >> 5, lane = tid & 31;
   const int g = lane >> 2, t = lane & 3;  // mma group and thread in group
+  // A routed call: the prep grid, launched next with PDL, may start (prep/kernel.cuh,
+  // launch_prep_kernel); it reads nothing this kernel writes.
+  if (p.route.longest != nullptr) kdakit::cuda::ptx::griddep_launch_dependents();
   if (!tile_side_runs(p.route)) return;  // a routed call the two-kernel path takes
 
   Work& wk = *reinterpret_cast<Work*>(smem + Smem::kWorkOffset);

@@ -1,13 +1,14 @@
-// Host launch of the decode kernels that support programmatic dependent launch (PDL: direct.cuh
-// and the staged kernel of kernel.cuh), with the attribute optional.
+// Host launch of a kernel with the programmatic-dependent-launch attribute optional (PDL: the
+// kernel may start while the previous kernel of the stream is finishing). Used by the decode
+// kernels (sm90/decode: direct.cuh and the staged kernel of kernel.cuh) and by the prefill prep
+// kernel of a routed call (sm90/prefill/prep/kernel.cuh).
 //
-// NOTE: with PDL the kernel may start while the previous kernel of the stream is finishing;
-// these kernels call griddepcontrol.wait before their first global-memory access that could
-// depend on it (before it they only read a slot index at GPU scope to aim an L2 prefetch), which
-// returns once that kernel has completed and its writes are visible, so results are the same
-// with and without it. What it saves is the launch latency between two kernels (small
-// batches are latency-bound). Inside stream capture the attribute becomes a programmatic
-// edge of the graph.
+// NOTE: the decode kernels call griddepcontrol.wait before their first global-memory access that
+// could depend on the previous kernel (before it they only read a slot index at GPU scope to aim
+// an L2 prefetch), which returns once that kernel has completed and its writes are visible, so
+// results are the same with and without it. What it saves is the launch latency between two
+// kernels (small batches are latency-bound). Inside stream capture the attribute becomes a
+// programmatic edge of the graph.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -16,10 +17,9 @@
 #include <cstdio>
 #include <string>
 
-#include "cuda/sm90/decode/config.h"
 #include "kdakit/kdakit.h"
 
-namespace kdakit::sm90::recurrent {
+namespace kdakit::cuda {
 
 template <class Kernel, class Params>
 Status launch_pdl_kernel(Kernel kernel, const char* name, dim3 grid, int threads, int smem_bytes,
@@ -57,4 +57,4 @@ Status launch_pdl_kernel(Kernel kernel, const char* name, dim3 grid, int threads
   return Status::Ok();
 }
 
-}  // namespace kdakit::sm90::recurrent
+}  // namespace kdakit::cuda
