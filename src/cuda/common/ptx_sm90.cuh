@@ -9,6 +9,8 @@
 //                                             their writes are visible (returns at once when
 //                                             the grid was launched without the attribute)
 //   griddep_launch_dependents()               let the next grid of the stream start launching
+//   griddep_exit_after_previous()             an idle grid's exit that completes after the
+//                                             previous grid (the last CTA waits for it)
 //   load_relaxed_gpu(p)                       a 32-bit load at GPU scope (served by L2, never a
 //                                             stale L1 line): safe before griddep_wait() on
 //                                             memory the previous grid may still write
@@ -32,6 +34,16 @@ __device__ __forceinline__ void griddep_wait() {
 
 __device__ __forceinline__ void griddep_launch_dependents() {
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+}
+
+// The exit of a grid launched with PDL whose CTAs have no work (the idle side of a routed prefill
+// call): its last CTA lets the next grid launch and waits for the previous one, so that this
+// grid completes after it (the other CTAs exit at once).
+__device__ __forceinline__ void griddep_exit_after_previous() {
+  if (blockIdx.x == gridDim.x - 1) {
+    griddep_launch_dependents();
+    griddep_wait();
+  }
 }
 
 // NOTE: what a grid may do before griddep_wait(): nothing that depends on the previous grid's

@@ -320,7 +320,7 @@ __global__ void __launch_bounds__(kThreads, 2) kda_prefill_prep_sm90_kernel(cons
     // NOTE: a routed call's grid is launched with PDL after the tile kernel (launch_prep_kernel),
     // so these exits run in the tile kernel's last wave. The grid's last CTA waits for the tile
     // kernel, so that this grid, and what the stream runs after it, completes after it.
-    if (blockIdx.x == gridDim.x - 1) kdakit::cuda::ptx::griddep_wait();
+    kdakit::cuda::ptx::griddep_exit_after_previous();
     return;
   }
 

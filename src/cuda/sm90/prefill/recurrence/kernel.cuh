@@ -56,6 +56,8 @@
 #include <string>
 
 #include "cuda/common/device_setup.cuh"
+#include "cuda/common/pdl_launch.cuh"
+#include "cuda/common/ptx_sm90.cuh"
 #include "cuda/sm90/prefill/recurrence/config.h"
 #include "cuda/sm90/prefill/recurrence/launch.h"
 #include "cuda/sm90/prefill/common/ptx.cuh"
@@ -303,7 +305,11 @@ __global__ void __launch_bounds__(Config<kValueRows>::kThreads) __maxnreg__(Conf
   uint8_t* smem = smem_raw + ((1024u - (ptx::smem_addr(smem_raw) & 1023u)) & 1023u);
   uint64_t* full = reinterpret_cast<uint64_t*>(smem + Smem::kBarrierOffset);
   uint64_t* empty = full + kStages;
-  if (!recurrence_side_runs(p.route)) return;  // a routed call whose other side does the work
+  if (!recurrence_side_runs(p.route)) {  // a routed call whose other side does the work
+    kdakit::cuda::ptx::griddep_exit_after_previous();  // launched with PDL (launch, kernel.cuh)
+    return;
+  }
+  kdakit::cuda::ptx::griddep_wait();  // launched with PDL: the chunk blocks (at once otherwise)
 
   // NOTE: the slices of one (sequence, head) are neighbours in launch order, so they run at the
   // same time and the second one reads the shared Qt/W/Kh/M of each chunk from L2.
@@ -557,7 +563,7 @@ inline Status cuda_status(cudaError_t err, const char* what, int line) {
 // The wgmma version of the 64- and 128-row recurrence and summary pass (wgmma.cuh,
 // instantiations/wgmma_*.cu); kF16: on an fp16 block (WorkspacePlan::f16_block).
 template <int kValueRows, bool kSummary, bool kF16>
-Status launch_wgmma(const KernelParams& kp, const TmaParams& tma, int64_t num_ctas, cudaStream_t stream);
+Status launch_wgmma(const KernelParams& kp, const TmaParams& tma, int64_t num_ctas, cudaStream_t stream, bool pdl);
 
 }  // namespace kdakit::sm90::prefill::recurrence
 
@@ -637,13 +643,18 @@ Status launch(const PrefillParams& p, const WorkspacePlan& plan, const void* wor
   kp.max_segments = plan.segment_chunks > 0 ? plan.max_segments : 1;
   if (kSummary && plan.segment_chunks <= 0) return Status(StatusCode::kInternal, "recurrence: summaries without segments");
 
+  // NOTE: a routed call's recurrence right after the prep kernel (no segments), or after the other
+  // recurrence shape, is launched with PDL: on the side that exits it then exits as the SMs
+  // drain instead of after the previous grid; on the side that works its CTAs wait for the
+  // previous grid first (griddep_wait).
+  const bool pdl = !kSummary && kp.route.longest != nullptr && plan.segment_chunks <= 0;
   const int64_t num_ctas = p.num_seqs * p.num_v_heads * kp.max_segments * Cfg::kSlices * (kSummary ? 2 : 1);
   if (num_ctas > int64_t(INT32_MAX))
     return Status(StatusCode::kUnsupported, "recurrence: N * HV * segments * slices must stay below 2^31, got " +
                                                 std::to_string(num_ctas));
   if constexpr (kValueRows == 64 || kValueRows == 128) {
-    return f16 ? launch_wgmma<kValueRows, kSummary, true>(kp, tma, num_ctas, stream)
-               : launch_wgmma<kValueRows, kSummary, false>(kp, tma, num_ctas, stream);
+    return f16 ? launch_wgmma<kValueRows, kSummary, true>(kp, tma, num_ctas, stream, pdl)
+               : launch_wgmma<kValueRows, kSummary, false>(kp, tma, num_ctas, stream, pdl);
   } else {
     static_assert(!kSummary, "summary passes run on the wgmma kernel (64 or 128 value rows)");
     auto kernel = kda_prefill_recurrence_sm90_kernel<kValueRows>;
@@ -652,11 +663,8 @@ Status launch(const PrefillParams& p, const WorkspacePlan& plan, const void* wor
       return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(Smem::kAllocBytes));
     });
     if (err != cudaSuccess) return cuda_status(err, "cudaFuncSetAttribute", __LINE__);
-    const dim3 grid{unsigned(num_ctas)};
-    kernel<<<grid, Cfg::kThreads, Smem::kAllocBytes, stream>>>(kp, tma);
-    err = cudaGetLastError();
-    if (err != cudaSuccess) return cuda_status(err, "kda_prefill_recurrence_sm90_kernel launch", __LINE__);
-    return Status::Ok();
+    return kdakit::cuda::launch_pdl_kernel(kernel, "kda_prefill_recurrence_sm90_kernel", dim3(unsigned(num_ctas)),
+                                           Cfg::kThreads, int(Smem::kAllocBytes), stream, pdl, kp, tma);
   }
 }
 

@@ -153,7 +153,11 @@ __global__ void __launch_bounds__(kCtaThreads<kValueRows>, 1)
   uint8_t* smem = smem_raw + ((1024u - (ptx::smem_addr(smem_raw) & 1023u)) & 1023u);
   uint64_t* full = reinterpret_cast<uint64_t*>(smem + Smem::kBarrierOffset);
   uint64_t* empty = full + kStages;
-  if (!recurrence_side_runs(p.route)) return;  // a routed call whose other side does the work
+  if (!recurrence_side_runs(p.route)) {  // a routed call whose other side does the work
+    kdakit::cuda::ptx::griddep_exit_after_previous();  // launched with PDL (launch, kernel.cuh)
+    return;
+  }
+  kdakit::cuda::ptx::griddep_wait();  // launched with PDL: the chunk blocks (at once otherwise)
 
   // Grid order (fastest first): value slice z, segment, value head, sequence (as kernel.cuh).
   constexpr int kZ = kSummary ? 2 * Cfg::kSlices : Cfg::kSlices;
@@ -470,7 +474,7 @@ __global__ void __launch_bounds__(kCtaThreads<kValueRows>, 1)
 }
 
 template <int kValueRows, bool kSummary, bool kF16>
-Status launch_wgmma(const KernelParams& kp, const TmaParams& tma, int64_t num_ctas, cudaStream_t stream) {
+Status launch_wgmma(const KernelParams& kp, const TmaParams& tma, int64_t num_ctas, cudaStream_t stream, bool pdl) {
   using Smem = typename Config<kValueRows>::SharedMemoryPlan;
   auto kernel = kda_prefill_recurrence_wgmma_sm90_kernel<kValueRows, kSummary, kF16>;
   static kdakit::cuda::PerDeviceOnce attr_once;  // per function and device (common/device_setup.cuh)
@@ -478,10 +482,8 @@ Status launch_wgmma(const KernelParams& kp, const TmaParams& tma, int64_t num_ct
     return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(Smem::kAllocBytes));
   });
   if (err != cudaSuccess) return cuda_status(err, "cudaFuncSetAttribute(wgmma)", __LINE__);
-  kernel<<<dim3(unsigned(num_ctas)), kCtaThreads<kValueRows>, Smem::kAllocBytes, stream>>>(kp, tma);
-  err = cudaGetLastError();
-  if (err != cudaSuccess) return cuda_status(err, "kda_prefill_recurrence_wgmma_sm90_kernel launch", __LINE__);
-  return Status::Ok();
+  return kdakit::cuda::launch_pdl_kernel(kernel, "kda_prefill_recurrence_wgmma_sm90_kernel", dim3(unsigned(num_ctas)),
+                                         kCtaThreads<kValueRows>, int(Smem::kAllocBytes), stream, pdl, kp, tma);
 }
 
 }  // namespace kdakit::sm90::prefill::recurrence

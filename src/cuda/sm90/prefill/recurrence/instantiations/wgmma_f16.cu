@@ -3,8 +3,8 @@
 #include "cuda/sm90/prefill/recurrence/wgmma.cuh"
 
 namespace kdakit::sm90::prefill::recurrence {
-template Status launch_wgmma<64, false, true>(const KernelParams&, const TmaParams&, int64_t, cudaStream_t);
-template Status launch_wgmma<128, false, true>(const KernelParams&, const TmaParams&, int64_t, cudaStream_t);
-template Status launch_wgmma<64, true, true>(const KernelParams&, const TmaParams&, int64_t, cudaStream_t);
-template Status launch_wgmma<128, true, true>(const KernelParams&, const TmaParams&, int64_t, cudaStream_t);
+template Status launch_wgmma<64, false, true>(const KernelParams&, const TmaParams&, int64_t, cudaStream_t, bool);
+template Status launch_wgmma<128, false, true>(const KernelParams&, const TmaParams&, int64_t, cudaStream_t, bool);
+template Status launch_wgmma<64, true, true>(const KernelParams&, const TmaParams&, int64_t, cudaStream_t, bool);
+template Status launch_wgmma<128, true, true>(const KernelParams&, const TmaParams&, int64_t, cudaStream_t, bool);
 }  // namespace kdakit::sm90::prefill::recurrence
