@@ -69,8 +69,24 @@ inline Status run_prefill_on_gpu(const PrefillCase& c, PrefillTensors& t, int wo
       EXPECT_EQ(cudaMemset(ws, workspace_fill, p.workspace_bytes), cudaSuccess);
   }
   p.workspace = ws;
+  // What the stream runs after the call must see its finished output: a copy of o enqueued right
+  // after it has to equal o after the synchronisation. (A grid still writing o when the call's
+  // last grid completes, e.g. the tile kernel of a routed call whose later grids start early by
+  // programmatic dependent launch, would leave the copy with the poison.) Allocated before the
+  // call: cudaMalloc may synchronise.
+  void* o_next = nullptr;
+  if (t.o.nbytes() > 0) EXPECT_EQ(cudaMalloc(&o_next, t.o.nbytes()), cudaSuccess);
   const Status st = prefill(p, nullptr);
+  if (st.ok() && o_next != nullptr)
+    EXPECT_EQ(cudaMemcpyAsync(o_next, ptr.o, t.o.nbytes(), cudaMemcpyDeviceToDevice, nullptr), cudaSuccess);
   EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  if (st.ok() && o_next != nullptr) {
+    std::vector<unsigned char> after(t.o.nbytes()), next(t.o.nbytes());
+    EXPECT_EQ(cudaMemcpy(after.data(), ptr.o, after.size(), cudaMemcpyDeviceToHost), cudaSuccess);
+    EXPECT_EQ(cudaMemcpy(next.data(), o_next, next.size(), cudaMemcpyDeviceToHost), cudaSuccess);
+    EXPECT_TRUE(after == next) << "the stream's next operation saw o before the call had finished writing it";
+  }
+  if (o_next != nullptr) cudaFree(o_next);
   if (st.ok() && workspace_head != nullptr && ws != nullptr && workspace_head->size() <= p.workspace_bytes)
     EXPECT_EQ(cudaMemcpy(workspace_head->data(), ws, workspace_head->size(), cudaMemcpyDeviceToHost), cudaSuccess);
   if (ws != nullptr) cudaFree(ws);
