@@ -7,7 +7,8 @@
 //                 layer matches the float64 reference and is bitwise equal to the same layer
 //                 run with the plan built on the fly.
 //   PrefillGraph: one forward step (prefill_plan + L layers with plan_ready, or layers that plan
-//                 on the fly) captured once with cudaStreamBeginCapture, then replayed after
+//                 on the fly; one case routed on the device, both sides in the graph)
+//                 captured once with cudaStreamBeginCapture, then replayed after
 //                 rewriting every input buffer: activations, gate parameters, states and pools,
 //                 slot indices and the cu_seqlens values (same N, same T). Outputs are poisoned
 //                 (NaN) before each replay, so an element the replay fails to write is reported.
@@ -386,6 +387,23 @@ std::vector<PrefillGraphCase> prefill_graph_cases() {
     g.base.tail = 3;
     g.lengths = {{1, 1, 1, 1, 1, 1, 62}, {0, 0, 0, 0, 0, 0, 0}, {10, 10, 10, 10, 10, 10, 8}};
     g.layers = 2;
+    cases.push_back(g);
+  }
+  {
+    // A routed call (dispatch.cu, route_on_device): packed, no max_seqlen hint, averaging over 64
+    // and at most 1024 tokens, N x HV >= 132 (the H100's and H200's SMs; on a larger card the
+    // call is not routed and the case runs unrouted). The graph holds both sides, the tile
+    // kernel and the two-kernel path, whose later grids start by programmatic dependent launch;
+    // the replays alternate between a batch with a member past 1024 tokens (the two-kernel path
+    // works) and one without (the tile kernel works). Two layers: the second layer's grids
+    // must follow the first's.
+    PrefillGraphCase g{"routed_both_sides_two_layers", serving_case("g6")};
+    g.base.seq_lens = {700, 300, 0, 295};
+    g.base.H = 17;
+    g.base.HV = 34;
+    g.lengths = {{1100, 100, 0, 95}, {325, 325, 325, 320}};
+    g.layers = 2;
+    g.replays = 2;
     cases.push_back(g);
   }
   return cases;
