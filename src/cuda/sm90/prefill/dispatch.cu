@@ -323,6 +323,11 @@ bool use_tile16(const PrefillParams& p) {
 // slower, and neither was kept: a prep grid of two CTAs per SM looping over the items (+5%), and
 // the plan kernel launching the prep grid from the device (+30%; docs/design/20261129-prefill.md,
 // session 39).
+// NOTE: since session 40 the grids after the tile kernel start by programmatic dependent launch
+// (prep/kernel.cuh, launch_prep_kernel; recurrence/kernel.cuh, launch), so the side that exits does
+// so on the SMs the tile kernel's last wave leaves free: on an H100, H96 1024 x 8 -1.1%, 256 x 32
+// -2.2%, H32 1024 x 8 -1.6%, the two-kernel side unchanged (docs/design/20261129-prefill.md,
+// session 40).
 bool route_on_device(const PrefillParams& p) {
   if (forced_path() != PrefillPath::kAuto || tile16_bound_override() >= 0) return false;
   if (p.cu_seqlens == nullptr || p.max_seqlen > 0) return false;
