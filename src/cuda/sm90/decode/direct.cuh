@@ -41,6 +41,8 @@
 
 namespace kdakit::sm90::recurrent {
 
+using kdakit::cuda::launch_pdl_kernel;  // src/cuda/common/pdl_launch.cuh
+
 template <class StateT, int kHeadDim, int kRowsPerWarp>
 __global__ void __launch_bounds__(kDirectThreads, kDirectMinCtasPerSm)
     kda_decode_sm90_direct_kernel(const __grid_constant__ FastDecodeParams p) {
@@ -130,7 +132,7 @@ Status launch_direct(const FastDecodeParams& p, cudaStream_t stream, bool pdl) {
                   "decode: the direct kernel takes at most " + std::to_string(kDirectMaxSeqs) +
                       " sequences (grid y), got " + std::to_string(p.num_seqs));
   }
-  return kdakit::cuda::launch_pdl_kernel(kda_decode_sm90_direct_kernel<StateT, kHeadDim, kRowsPerWarp>,
+  return launch_pdl_kernel(kda_decode_sm90_direct_kernel<StateT, kHeadDim, kRowsPerWarp>,
                            "kda_decode_sm90_direct_kernel",
                            dim3(unsigned(p.num_v_heads * kSlices), unsigned(p.num_seqs)), kDirectThreads,
                            0, stream, pdl, p);

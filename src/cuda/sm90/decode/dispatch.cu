@@ -274,9 +274,10 @@ constexpr int64_t kDirectMaxSlicesPerSm = 4;
 constexpr int64_t kDirectFp32MaxSlicesPerSm = 128;
 
 // NOTE: PDL (each call may start during the previous kernel's tail,
-// src/cuda/common/pdl_launch.cuh; results are identical either way) is on by default for the direct and staged kernels: measured 4.49
-// against 5.04 us at H32 B1 fp32, 5.62 against 5.87 at H96 B1 bf16 (direct); staged64 0-6% faster
-// with it (without the prefetch), e.g. H32 B8 bf16 8.33 against 8.87 us.
+// src/cuda/common/pdl_launch.cuh; results are identical either way) is on by default for the
+// direct and staged kernels: measured 4.49 against 5.04 us at H32 B1 fp32, 5.62 against 5.87 at
+// H96 B1 bf16 (direct); staged64 0-6% faster with it (without the prefetch), e.g. H32 B8 bf16
+// 8.33 against 8.87 us.
 constexpr bool kDefaultPdl = true;
 
 // NOTE: with PDL, the direct and staged kernels can read their slot index at GPU scope and

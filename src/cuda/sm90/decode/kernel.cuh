@@ -59,6 +59,8 @@
 
 namespace kdakit::sm90::recurrent {
 
+using kdakit::cuda::launch_pdl_kernel;  // src/cuda/common/pdl_launch.cuh
+
 using kdakit::cuda::load_as_float;
 using kdakit::cuda::store_from_float;
 
@@ -940,7 +942,7 @@ Status launch_staged(const RecurrentKernelParams& p, cudaStream_t stream, bool p
                                               ": setting the shared-memory carveout failed: " +
                                               cudaGetErrorString(carveout));
   }
-  return kdakit::cuda::launch_pdl_kernel(kernel, "kda_decode_sm90_staged_kernel", dim3(unsigned(ctas)), kThreads, smem_bytes, stream,
+  return launch_pdl_kernel(kernel, "kda_decode_sm90_staged_kernel", dim3(unsigned(ctas)), kThreads, smem_bytes, stream,
                            pdl, p);
 }
 
