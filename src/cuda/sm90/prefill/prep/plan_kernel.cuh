@@ -126,6 +126,8 @@ __global__ void __launch_bounds__(kPlanThreads) kda_prefill_plan_sm90_kernel(con
       if (N <= kOrderedSeqs) lens[n] = int(end - start);
       chunks = (end - start + kChunk - 1) / kChunk;
       const int64_t ls = p.shape_route.segment_chunks;
+      // NOTE: extra_segments tests the same condition; this one keeps the threads whose term is 0
+      // (most, and all when segments are off) from queueing on the one shared-memory atomic.
       if (ls > 0 && chunks > ls)
         atomicAdd(&full_segments, (unsigned long long)extra_segments(chunks, ls));
     }
