@@ -33,15 +33,13 @@
 #include <string>
 
 #include "cuda/common/dtype.cuh"
+#include "cuda/common/pdl_launch.cuh"
 #include "cuda/common/ptx_sm90.cuh"
 #include "cuda/sm90/decode/config.h"
-#include "cuda/common/pdl_launch.cuh"
 #include "cuda/sm90/decode/launch.h"
 #include "cuda/sm90/decode/warp_token.cuh"
 
 namespace kdakit::sm90::recurrent {
-
-using kdakit::cuda::launch_pdl_kernel;  // src/cuda/common/pdl_launch.cuh
 
 template <class StateT, int kHeadDim, int kRowsPerWarp>
 __global__ void __launch_bounds__(kDirectThreads, kDirectMinCtasPerSm)
@@ -132,10 +130,10 @@ Status launch_direct(const FastDecodeParams& p, cudaStream_t stream, bool pdl) {
                   "decode: the direct kernel takes at most " + std::to_string(kDirectMaxSeqs) +
                       " sequences (grid y), got " + std::to_string(p.num_seqs));
   }
-  return launch_pdl_kernel(kda_decode_sm90_direct_kernel<StateT, kHeadDim, kRowsPerWarp>,
-                           "kda_decode_sm90_direct_kernel",
-                           dim3(unsigned(p.num_v_heads * kSlices), unsigned(p.num_seqs)), kDirectThreads,
-                           0, stream, pdl, p);
+  return kdakit::cuda::launch_pdl_kernel(kda_decode_sm90_direct_kernel<StateT, kHeadDim, kRowsPerWarp>,
+                                         "kda_decode_sm90_direct_kernel",
+                                         dim3(unsigned(p.num_v_heads * kSlices), unsigned(p.num_seqs)),
+                                         kDirectThreads, 0, stream, pdl, p);
 }
 
 }  // namespace kdakit::sm90::recurrent

@@ -59,8 +59,6 @@
 
 namespace kdakit::sm90::recurrent {
 
-using kdakit::cuda::launch_pdl_kernel;  // src/cuda/common/pdl_launch.cuh
-
 using kdakit::cuda::load_as_float;
 using kdakit::cuda::store_from_float;
 
@@ -942,8 +940,8 @@ Status launch_staged(const RecurrentKernelParams& p, cudaStream_t stream, bool p
                                               ": setting the shared-memory carveout failed: " +
                                               cudaGetErrorString(carveout));
   }
-  return launch_pdl_kernel(kernel, "kda_decode_sm90_staged_kernel", dim3(unsigned(ctas)), kThreads, smem_bytes, stream,
-                           pdl, p);
+  return kdakit::cuda::launch_pdl_kernel(kernel, "kda_decode_sm90_staged_kernel", dim3(unsigned(ctas)), kThreads,
+                                         smem_bytes, stream, pdl, p);
 }
 
 }  // namespace kdakit::sm90::recurrent
