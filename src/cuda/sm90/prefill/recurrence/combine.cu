@@ -28,6 +28,11 @@
 // (n, h) share nothing but Phi's global copies, so they are launched without a cluster (one kept
 // S_0's copy from overwriting Phi_0 before all eight had read it, until the summary pass took
 // segment 0 over, session 36).
+//
+// Both kernels let the next grid of the stream launch at their start (griddepcontrol.launch_dependents):
+// the recurrence pass after them is launched with PDL and loads its first stages (chunk blocks
+// prep wrote two grids back) while this pass runs, waiting (griddepcontrol.wait) only before the
+// start states this pass writes (recurrence/wgmma.cuh).
 #include <cuda.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -35,6 +40,7 @@
 #include <string>
 
 #include "cuda/common/device_setup.cuh"
+#include "cuda/common/ptx_sm90.cuh"
 #include "cuda/sm90/prefill/common/ptx.cuh"
 #include "cuda/sm90/prefill/common/state_io.cuh"
 #include "cuda/sm90/prefill/recurrence/launch.h"
@@ -104,6 +110,7 @@ __global__ void __launch_bounds__(kThreads, 1) kda_prefill_combine_sm90_kernel(c
   const int HV = p.num_v_heads;
   const int h = int(blockIdx.x % unsigned(HV));
   const int n = int(blockIdx.x / unsigned(HV));
+  kdakit::cuda::ptx::griddep_launch_dependents();  // the recurrence pass (file header)
   if (!recurrence_side_runs(p.route)) return;  // a routed call whose other side does the work
   const Chain chain = chain_of(p, n);
   if (chain.nseg < 3) return;
@@ -206,6 +213,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int pair = int(blockIdx.x / unsigned(kRowBlocks));
   const int h = pair % HV;
   const int n = pair / HV;
+  kdakit::cuda::ptx::griddep_launch_dependents();  // the recurrence pass (file header)
   if (!recurrence_side_runs(p.route)) return;  // a routed call whose other side does the work
   const Chain chain = chain_of(p, n);
   if (chain.nseg < 3) return;

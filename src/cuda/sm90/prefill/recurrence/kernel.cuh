@@ -93,6 +93,10 @@ struct KernelParams : common::StateParams {
   int64_t num_segment_slots;
   int32_t segment_chunks;
   int32_t max_segments;           // grid extent of the segment index
+  // Launched with PDL right after the combine pass (segments, wgmma kernel): the first stages'
+  // loads go out before griddepcontrol.wait, which the consumers pass before the start states
+  // (wgmma.cuh). Everything read before it was written two or more grids back (plan, chunk blocks).
+  bool stages_before_wait;
 };
 
 // The sequence of launch rank i (the grid has the sequence slowest): the plan's seq_order, so
@@ -647,7 +651,12 @@ Status launch(const PrefillParams& p, const WorkspacePlan& plan, const void* wor
   // recurrence shape, is launched with PDL: on the side that exits it then exits as the SMs
   // drain instead of after the previous grid; on the side that works its CTAs wait for the
   // previous grid first (griddep_wait).
-  const bool pdl = !kSummary && kp.route.longest != nullptr && plan.segment_chunks <= 0;
+  // A segmented recurrence pass (wgmma kernel) follows the combine pass, which lets it launch at its
+  // start: its CTAs then take the SMs the combine leaves free and load their first stages during
+  // the combine (stages_before_wait).
+  constexpr bool kWgmma = kValueRows == 64 || kValueRows == 128;
+  kp.stages_before_wait = kWgmma && !kSummary && plan.segment_chunks > 0;
+  const bool pdl = kp.stages_before_wait || (!kSummary && kp.route.longest != nullptr && plan.segment_chunks <= 0);
   const int64_t num_ctas = p.num_seqs * p.num_v_heads * kp.max_segments * Cfg::kSlices * (kSummary ? 2 : 1);
   if (num_ctas > int64_t(INT32_MAX))
     return Status(StatusCode::kUnsupported, "recurrence: N * HV * segments * slices must stay below 2^31, got " +

@@ -157,7 +157,11 @@ __global__ void __launch_bounds__(kCtaThreads<kValueRows>, 1)
     kdakit::cuda::ptx::griddep_exit_after_previous();  // launched with PDL (launch, kernel.cuh)
     return;
   }
-  kdakit::cuda::ptx::griddep_wait();  // launched with PDL: the chunk blocks (at once otherwise)
+  // Launched with PDL: wait for the previous grid (at once otherwise). After the combine pass
+  // (stages_before_wait) only the consumers wait, before the start states: the first stages' loads
+  // go out first.
+  const bool wait_late = !kSummary && p.stages_before_wait;
+  if (!wait_late) kdakit::cuda::ptx::griddep_wait();
 
   // Grid order (fastest first): value slice z, segment, value head, sequence (as kernel.cuh).
   constexpr int kZ = kSummary ? 2 * Cfg::kSlices : Cfg::kSlices;
@@ -174,7 +178,10 @@ __global__ void __launch_bounds__(kCtaThreads<kValueRows>, 1)
   const int wg = warp / 4;
 
   const SegmentWork work = segment_work(p, n, seg);
-  if (kSummary ? seg >= work.nseg - 1 : seg >= work.nseg) return;
+  if (kSummary ? seg >= work.nseg - 1 : seg >= work.nseg) {
+    if (wait_late) kdakit::cuda::ptx::griddep_wait();  // (the grid completes after the combine pass)
+    return;
+  }
   // NOTE: segment 0's Psi CTAs start from the caller's initial state (below), so their Psi is
   // S_1 itself and no Phi_0 is needed: the combine pass starts at segment 1, one step shorter.
   // Segment 0's Phi CTAs copy S_0 (their value slice) into slot(n, 0)'s Phi area instead, where
@@ -245,6 +252,7 @@ __global__ void __launch_bounds__(kCtaThreads<kValueRows>, 1)
       }
     }
   } else {
+    if (wait_late) kdakit::cuda::ptx::griddep_wait();  // the combine pass's start states
     load_start_state(state4, p, n, h, seg, work, vrow, t);
   }
 
