@@ -1,8 +1,8 @@
 // Host launch of a kernel with the programmatic-dependent-launch attribute optional (PDL: the
 // kernel may start while the previous kernel of the stream is finishing). Used by the decode
-// kernels (sm90/decode: direct.cuh and the staged kernel of kernel.cuh) and by a routed prefill
-// call's prep and recurrence kernels (sm90/prefill: prep/kernel.cuh, recurrence/kernel.cuh and
-// wgmma.cuh).
+// kernels (sm90/decode: direct.cuh and the staged kernel of kernel.cuh), by a routed prefill
+// call's prep and recurrence kernels, and by a segmented call's recurrence pass after the combine
+// pass (sm90/prefill: prep/kernel.cuh, recurrence/kernel.cuh and wgmma.cuh).
 //
 // NOTE: the decode kernels call griddepcontrol.wait before their first global-memory access that
 // could depend on the previous kernel (before it they only read a slot index at GPU scope to aim
