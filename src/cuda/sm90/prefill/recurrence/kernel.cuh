@@ -661,7 +661,7 @@ Status launch(const PrefillParams& p, const WorkspacePlan& plan, const void* wor
   if (num_ctas > int64_t(INT32_MAX))
     return Status(StatusCode::kUnsupported, "recurrence: N * HV * segments * slices must stay below 2^31, got " +
                                                 std::to_string(num_ctas));
-  if constexpr (kValueRows == 64 || kValueRows == 128) {
+  if constexpr (kWgmma) {
     return f16 ? launch_wgmma<kValueRows, kSummary, true>(kp, tma, num_ctas, stream, pdl)
                : launch_wgmma<kValueRows, kSummary, false>(kp, tma, num_ctas, stream, pdl);
   } else {
