@@ -114,10 +114,11 @@ int main(int argc, char** argv) {
       {"H32_fixed_8192_softplus_bench", 32, {8192}, 8192, kdakit::GateMode::kSoftplus, false, true},
       {"H32_1024x8_softplus_bench", 32, rep(1024, 8), 0, kdakit::GateMode::kSoftplus, false, true},
       {"H32_fixed_8192_bench", 32, {8192}, 8192, kdakit::GateMode::kLowerBound, false, true},
-      // Few heads (issue 6): 2,048 (chunk, head) pairs each, ~7.8 waves of 264 CTAs, against H96
-      // fixed's ~47. One sequence of 32K tokens as a fixed batch and packed. In the packed case prep_ms
-      // runs the plan kernel and the plan-reading prep. prefill_ms is the dispatcher's call, which for
-      // one packed sequence reads cu_seqlens in prep (PrepParams::single_cu), as the benchmark's row does.
+      // Few heads (issue 6): 2,048 (chunk, head) pairs each, ~7.8 waves of 264 CTAs, against
+      // H96 fixed's ~47. One sequence of 32K tokens as a fixed batch and packed. In the packed
+      // case prep_ms runs the plan kernel and the plan-reading prep. prefill_ms is the
+      // dispatcher's call, which for one packed sequence reads cu_seqlens in prep
+      // (PrepParams::single_cu), as the benchmark's row does.
       {"H4_fixed_32768", 4, {32768}, 32768, kdakit::GateMode::kLowerBound},
       {"H4_packed_32768", 4, {32768}, 0, kdakit::GateMode::kLowerBound},
       {"H16_fixed_8192", 16, {8192}, 8192, kdakit::GateMode::kLowerBound},
